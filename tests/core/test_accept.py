@@ -1,0 +1,140 @@
+"""Exact hand cases and refusals of the reference rule (accept.py)."""
+
+import numpy as np
+import pytest
+
+from verispec.accept import RuleInputError, accept_chain, accept_step, residual, sample_index
+
+P = np.array([0.45, 0.35, 0.20])
+Q = np.array([0.10, 0.80, 0.10])
+
+
+def test_accept_iff_u_times_q_below_p():
+    # Token 1: p/q = 0.35/0.8 = 0.4375. Just below accepts, just above rejects.
+    assert accept_step(P, 1, Q, 0.4374, 0.0).accepted
+    rejected = accept_step(P, 1, Q, 0.4376, 0.0)
+    assert not rejected.accepted
+    # Token 0: p/q > 1, accepted for every uniform.
+    assert accept_step(P, 0, Q, 0.999999, 0.5) == accept_step(P, 0, Q, 0.0, 0.5)
+    assert accept_step(P, 0, Q, 0.999999, 0.5).token == 0
+
+
+def test_rejection_draws_from_the_residual():
+    # max(0, p - q) = [0.35, 0, 0.10], normalised [0.7778, 0, 0.2222].
+    assert accept_step(P, 1, Q, 0.9, 0.0).token == 0
+    assert accept_step(P, 1, Q, 0.9, 0.7777).token == 0
+    assert accept_step(P, 1, Q, 0.9, 0.7779).token == 2
+    assert accept_step(P, 1, Q, 0.9, 0.999999).token == 2
+
+
+def test_point_mass_draft_is_accepted_with_probability_p_and_residual_excludes_it():
+    assert accept_step(P, 1, None, 0.3499, 0.0).accepted
+    rejected = accept_step(P, 1, None, 0.3501, 0.5)
+    assert not rejected.accepted
+    # Residual = p without token 1: [0.45, 0, 0.20] / 0.65; u = 0.5 -> 0.325 < 0.45 -> token 0.
+    assert rejected.token == 0
+    assert accept_step(P, 1, None, 0.3501, 0.70).token == 2
+
+
+def test_zero_draft_probability_is_rejected_without_nan():
+    q = np.array([0.5, 0.5, 0.0])
+    step = accept_step(P, 2, q, 0.0, 0.99)
+    assert not step.accepted
+    assert step.token == 2  # residual max(0, p - q) = [0, 0, 0.2]
+
+
+def test_residual_without_mass_falls_back_to_p_and_never_a_zero_token():
+    p = np.array([0.5, 0.5, 0.0])
+    q = np.array([0.5 + 1e-13, 0.5 - 1e-13, 0.0])
+    assert residual(p, 0, q) is p
+    step = accept_step(p, 0, q, 1 - 1e-15, 0.75)  # u * q[0] > p[0]: rejected
+    assert not step.accepted
+    assert step.token == 1  # drawn from p itself, u = 0.75
+
+
+def test_sample_index_never_picks_zero_weight():
+    weights = np.array([0.0, 0.3, 0.0, 0.7, 0.0])
+    for u in [0.0, 0.1, 0.2999, 0.3, 0.5, 0.999999999999]:
+        assert weights[sample_index(weights, u)] > 0
+    assert sample_index(weights, 0.0) == 1
+    assert sample_index(weights, np.nextafter(1.0, 0.0)) == 3
+
+
+def test_chain_stops_at_first_rejection_in_the_middle():
+    p = np.array([[0.6, 0.4], [0.1, 0.9], [0.6, 0.4], [0.5, 0.5]])
+    drafts = np.array([0, 0, 0])
+    # position 0: 0.5 * 1 < 0.6 accept; position 1: 0.5 < 0.1? reject, residual [0, 0.9] -> 1;
+    # position 2 would accept (0.5 < 0.6): a chain that continued would report 2 or 3.
+    u = np.array([0.5, 0.3, 0.5, 0.3, 0.5, 0.3, 0.5])
+    result = accept_chain(p, drafts, None, u)
+    assert (result.accepted, result.token, result.uniforms_used) == (1, 1, 4)
+
+
+def test_chain_all_accepted_takes_bonus_from_last_row():
+    p = np.array([[1.0, 0.0], [1.0, 0.0], [0.25, 0.75]])
+    result = accept_chain(p, np.array([0, 0]), None, np.array([0.9, 0.9, 0.9, 0.9, 0.2]))
+    assert (result.accepted, result.token, result.uniforms_used) == (2, 0, 5)
+    result = accept_chain(p, np.array([0, 0]), None, np.array([0.9, 0.9, 0.9, 0.9, 0.3]))
+    assert result.token == 1
+
+
+def test_chain_with_no_drafts_is_a_plain_step():
+    result = accept_chain(np.array([[0.2, 0.8]]), np.array([], dtype=np.int64), None, np.array([0.5]))
+    assert (result.accepted, result.token, result.uniforms_used) == (0, 1, 1)
+
+
+def test_temperature_zero_is_accept_iff_argmax_else_argmax():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        vocab, k = 6, 3
+        argmaxes = rng.integers(0, vocab, size=k + 1)
+        p = np.eye(vocab)[argmaxes]
+        drafts = rng.integers(0, vocab, size=k)
+        q = np.eye(vocab)[drafts]
+        result = accept_chain(p, drafts, q, rng.random(2 * k + 1))
+        expected = 0
+        while expected < k and drafts[expected] == argmaxes[expected]:
+            expected += 1
+        assert result.accepted == expected
+        assert result.token == argmaxes[expected]
+
+
+@pytest.mark.parametrize(
+    ("p", "drafts", "q", "u", "message"),
+    [
+        ([[0.5, 0.5], [0.5, 0.5]], [0], None, [0.5, 1.0, 0.5], "uniforms"),
+        ([[0.5, 0.5], [0.5, 0.5]], [0], None, [-0.1, 0.5, 0.5], "uniforms"),
+        ([[0.5, 0.5], [0.5, 0.5]], [0], None, [np.nan, 0.5, 0.5], "uniforms"),
+        ([[np.nan, 0.5], [0.5, 0.5]], [0], None, [0.5, 0.5, 0.5], "NaN or inf"),
+        ([[0.5, 0.5], [0.5, 0.5]], [0], [[np.inf, 0.0]], [0.5, 0.5, 0.5], "NaN or inf"),
+        ([[0.5, 0.6], [0.5, 0.5]], [0], None, [0.5, 0.5, 0.5], "sum to 1"),
+        ([[0.0, 0.0], [0.5, 0.5]], [0], None, [0.5, 0.5, 0.5], "no mass"),
+        ([[0.5, 0.5], [0.5, 0.5]], [2], None, [0.5, 0.5, 0.5], "outside the vocabulary"),
+        ([[0.5, 0.5], [0.5, 0.5]], [-1], None, [0.5, 0.5, 0.5], "outside the vocabulary"),
+        ([[0.5, 0.5]], [0], None, [0.5, 0.5, 0.5], "needs k \\+ 1"),
+        ([[0.5, 0.5], [0.5, 0.5]], [0], [[0.5, 0.5, 0.0]], [0.5, 0.5, 0.5], "draft_probs has shape"),
+        ([[0.5, 0.5], [0.5, 0.5]], [0], None, [0.5, 0.5], "take 3 uniforms"),
+        ([[1.5, -0.5], [0.5, 0.5]], [0], None, [0.5, 0.5, 0.5], "negative"),
+    ],
+)
+def test_refusals_name_the_problem(p, drafts, q, u, message):
+    with pytest.raises(RuleInputError, match=message):
+        accept_chain(np.array(p), np.array(drafts), None if q is None else np.array(q), np.array(u))
+
+
+def test_step_refusals():
+    with pytest.raises(RuleInputError, match="outside the vocabulary"):
+        accept_step(P, 3, Q, 0.5, 0.5)
+    with pytest.raises(RuleInputError, match="shape"):
+        accept_step(P, 0, Q[:2] / Q[:2].sum(), 0.5, 0.5)
+    with pytest.raises(RuleInputError, match="uniforms"):
+        accept_step(P, 0, Q, 0.5, 1.5)
+
+
+def test_same_uniforms_same_tokens():
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet(np.ones(50), size=5)
+    q = rng.dirichlet(np.ones(50), size=4)
+    drafts = np.array([int(rng.choice(50, p=row)) for row in q])
+    u = rng.random(9)
+    assert accept_chain(p, drafts, q, u) == accept_chain(p.copy(), drafts.copy(), q.copy(), u.copy())

@@ -1,0 +1,150 @@
+"""The sampling pipeline: parameter validation, each filter, penalties per position."""
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+
+from verispec.sampling import (
+    InvalidParameterError,
+    NonFiniteLogitsError,
+    SamplingError,
+    SamplingParams,
+    final_distribution,
+    final_distributions,
+)
+
+LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 1.1}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": [1]}, "stop"),
+    ],
+)
+def test_invalid_parameters_name_the_field(kwargs, param):
+    with pytest.raises(InvalidParameterError, match=param) as error:
+        SamplingParams(**kwargs)
+    assert error.value.param == param
+
+
+def test_valid_parameters_are_normalised():
+    params = SamplingParams(temperature=1, top_p=1, stop="END", seed=3, max_tokens=5)
+    assert params.temperature == 1.0 and isinstance(params.temperature, float)
+    assert params.stop == ("END",)
+    assert not params.greedy and SamplingParams(temperature=0).greedy
+
+
+def test_greedy_is_one_hot_at_argmax_with_lowest_id_on_ties():
+    probs = final_distribution(LOGITS, SamplingParams(temperature=0))
+    np.testing.assert_array_equal(probs, [1, 0, 0, 0])
+    tie = final_distribution(np.array([0.0, 2.0, 2.0, 1.0]), SamplingParams(temperature=0, top_p=0.1))
+    np.testing.assert_array_equal(tie, [0, 1, 0, 0])
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 1.7])
+def test_plain_softmax_with_temperature(temperature):
+    probs = final_distribution(LOGITS, SamplingParams(temperature=temperature))
+    np.testing.assert_allclose(probs, softmax(LOGITS / temperature), rtol=1e-12)
+
+
+def test_top_k_keeps_the_k_largest():
+    probs = final_distribution(LOGITS, SamplingParams(top_k=2))
+    np.testing.assert_allclose(probs, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-12)
+    np.testing.assert_allclose(final_distribution(LOGITS, SamplingParams(top_k=10)), softmax(LOGITS))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # Cumulative 0.5, 0.8, 0.95, 1.0: top_p 0.79 keeps two tokens, 0.81 keeps three.
+    np.testing.assert_allclose(
+        final_distribution(LOGITS, SamplingParams(top_p=0.79)), [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-9
+    )
+    three = final_distribution(LOGITS, SamplingParams(top_p=0.81))
+    assert np.count_nonzero(three) == 3
+    assert np.count_nonzero(final_distribution(LOGITS, SamplingParams(top_p=0.01))) == 1
+
+
+def test_min_p_is_relative_to_the_top_token():
+    probs = final_distribution(LOGITS, SamplingParams(min_p=0.5))  # keep p >= 0.25
+    np.testing.assert_allclose(probs, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-12)
+
+
+def test_filters_compose_in_order():
+    probs = final_distribution(LOGITS, SamplingParams(top_k=3, top_p=0.9, temperature=1.0))
+    # top_k 3 -> [.5, .3, .15]/.95; cumulative before: 0, .526, .842 < .9 -> all three stay.
+    np.testing.assert_allclose(probs, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], rtol=1e-9)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative():
+    logits = np.array([2.0, -1.0, 0.5, 1.0])
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+    got = final_distribution(logits, params, prompt_tokens=[0], output_tokens=[1])
+    np.testing.assert_allclose(got, softmax([1.0, -2.0, 0.5, 1.0]), rtol=1e-12)
+
+
+def test_presence_and_frequency_penalties_count_output_tokens():
+    logits = np.zeros(4)
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    got = final_distribution(logits, params, prompt_tokens=[3], output_tokens=[1, 1, 2])
+    np.testing.assert_allclose(got, softmax([0.0, -1.0, -0.75, 0.0]), rtol=1e-12)
+
+
+def test_each_draft_position_uses_its_own_history():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 12))
+    params = SamplingParams(temperature=0.8, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3)
+    prompt, output, drafts = [1, 2, 3], [4, 4, 5], [5, 6, 4]
+    rows = final_distributions(logits, params, prompt, output, drafts)
+    for j in range(4):
+        alone = final_distribution(logits[j], params, prompt, output + drafts[:j])
+        np.testing.assert_array_equal(rows[j], alone)
+    # One penalty vector for all positions (a known peer bug) would make rows 0 and 3 agree
+    # on the drafted tokens' shares; they must not.
+    shared = final_distribution(logits[3], params, prompt, output)
+    assert not np.allclose(rows[3], shared)
+
+
+def test_rows_sum_to_one_and_neg_inf_is_zero():
+    logits = np.array([0.0, -np.inf, 1.0, -np.inf])
+    probs = final_distribution(logits, SamplingParams(temperature=0.7, top_p=0.95))
+    assert probs[1] == 0 and probs[3] == 0
+    assert probs.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_and_inf_logits_are_refused(bad):
+    logits = np.array([0.0, bad, 1.0])
+    for params in (SamplingParams(temperature=0), SamplingParams()):
+        with pytest.raises(NonFiniteLogitsError):
+            final_distribution(logits, params)
+
+
+def test_all_neg_inf_is_refused():
+    with pytest.raises(NonFiniteLogitsError, match="no finite"):
+        final_distribution(np.full(3, -np.inf), SamplingParams())
+
+
+def test_shape_and_history_errors():
+    with pytest.raises(SamplingError, match="one row"):
+        final_distribution(np.zeros((2, 3)), SamplingParams())
+    with pytest.raises(SamplingError, match="draft tokens"):
+        final_distributions(np.zeros((3, 3)), SamplingParams(), [], [], [1])
+    with pytest.raises(SamplingError, match="outside the vocabulary"):
+        final_distribution(np.zeros(3), SamplingParams(presence_penalty=1.0), [], [7])

@@ -1,0 +1,176 @@
+"""The acceptance rule of speculative sampling, as pure functions on NumPy rows.
+
+Terms (see design.md):
+
+- target row ``p``: the target's final sampling distribution at one position, shape (V,).
+- draft row ``q``: exactly the distribution the drafter sampled its token from, shape (V,).
+  ``None`` stands for a point mass on the drafted token (n-gram lookup, argmax heads).
+- uniforms: numbers in [0, 1) supplied by the caller, so every branch is reproducible and
+  testable. Draft position ``i`` of a chain owns the pair ``uniforms[2i]`` (accept) and
+  ``uniforms[2i + 1]`` (residual); the bonus after ``k`` surviving drafts uses
+  ``uniforms[2k]``. A chain of ``k`` drafts therefore takes ``2k + 1`` uniforms.
+
+The rule for one drafted token ``x ~ q``::
+
+    accept x      iff  u_accept * q[x] < p[x]        # probability min(1, p[x] / q[x])
+                  (q[x] == 0 contradicts x ~ q: such a draft is rejected, never divided by)
+    else emit     y ~ normalise(max(0, p - q))        # the residual, drawn with u_residual
+                  y ~ p   when the residual has no mass (p == q up to rounding)
+
+A chain stops at its first rejection; when all ``k`` drafts survive, the verify pass's last
+row supplies one more token. Either way the round commits ``accepted + 1`` tokens, and the
+output is distributed exactly as ``p`` (Leviathan et al. 2023; Chen et al. 2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+Row = NDArray[np.float64]
+
+# A row must sum to 1 within this much; float32 softmax rows over 50k tokens land within 1e-6.
+ROW_SUM_TOL = 1e-5
+# A residual with less total mass than this is rounding noise of p == q: draw from p instead.
+# Rejection happens with probability equal to that mass, so the substitution moves the output
+# distribution by at most this much.
+RESIDUAL_FLOOR = 1e-9
+UNIFORMS_PER_POSITION = 2
+
+
+class RuleInputError(ValueError):
+    """Inputs the rule refuses rather than turn into a silently wrong token."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One drafted position: whether the draft survived and the token committed there."""
+
+    accepted: bool
+    token: int
+
+
+@dataclass(frozen=True)
+class ChainResult:
+    """One round: ``accepted`` drafts kept (a prefix), then ``token`` (the bonus)."""
+
+    accepted: int
+    token: int
+    uniforms_used: int
+
+
+def accept_step(
+    target_probs: ArrayLike,
+    draft_token: int,
+    draft_probs: ArrayLike | None,
+    u_accept: float,
+    u_residual: float,
+) -> StepResult:
+    """Decide one drafted position. ``target_probs``, ``draft_probs``: (V,); ``None`` = point mass."""
+    p = _rows(target_probs, "target_probs", ndim=1)
+    q = None if draft_probs is None else _rows(draft_probs, "draft_probs", ndim=1)
+    if q is not None and q.shape != p.shape:
+        raise RuleInputError(f"draft_probs has shape {q.shape}, target_probs {p.shape}")
+    _check_token(draft_token, p.shape[0])
+    _check_uniforms(np.array([u_accept, u_residual], dtype=np.float64))
+    return _step(p, draft_token, q, float(u_accept), float(u_residual))
+
+
+def accept_chain(
+    target_probs: ArrayLike,
+    draft_tokens: ArrayLike,
+    draft_probs: ArrayLike | None,
+    uniforms: ArrayLike,
+) -> ChainResult:
+    """Decide one round of ``k`` drafts behind one verify pass.
+
+    target_probs: (k + 1, V) final target rows; row i scores draft i, row k gives the bonus.
+    draft_tokens: (k,) drafted ids.
+    draft_probs:  (k, V) rows the drafts were sampled from, or ``None`` for point masses.
+    uniforms:     (2k + 1,) in [0, 1), laid out as in the module docstring.
+    """
+    p = _rows(target_probs, "target_probs", ndim=2)
+    tokens = np.asarray(draft_tokens)
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise RuleInputError(f"draft_tokens must be a 1-D array of ids, got {tokens.dtype}{tokens.shape}")
+    k = tokens.shape[0]
+    vocab = p.shape[1]
+    if p.shape[0] != k + 1:
+        raise RuleInputError(f"target_probs needs k + 1 = {k + 1} rows for {k} drafts, has {p.shape[0]}")
+    q = None if draft_probs is None else _rows(draft_probs, "draft_probs", ndim=2)
+    if q is not None and q.shape != (k, vocab):
+        raise RuleInputError(f"draft_probs has shape {q.shape}, expected {(k, vocab)}")
+    u = np.asarray(uniforms, dtype=np.float64)
+    if u.shape != (UNIFORMS_PER_POSITION * k + 1,):
+        raise RuleInputError(f"{k} drafts take {2 * k + 1} uniforms, got shape {u.shape}")
+    _check_uniforms(u)
+    for token in tokens:
+        _check_token(int(token), vocab)
+
+    for i in range(k):
+        step = _step(p[i], int(tokens[i]), None if q is None else q[i], u[2 * i], u[2 * i + 1])
+        if not step.accepted:
+            return ChainResult(accepted=i, token=step.token, uniforms_used=2 * i + 2)
+    return ChainResult(accepted=k, token=sample_index(p[k], u[2 * k]), uniforms_used=2 * k + 1)
+
+
+def _step(p: Row, x: int, q: Row | None, u_accept: float, u_residual: float) -> StepResult:
+    q_x = 1.0 if q is None else float(q[x])
+    # min(1, p/q) without a division; a draft its own q gave no mass is never accepted.
+    if q_x > 0.0 and u_accept * q_x < p[x]:
+        return StepResult(accepted=True, token=x)
+    return StepResult(accepted=False, token=sample_index(residual(p, x, q), u_residual))
+
+
+def residual(p: Row, x: int, q: Row | None) -> Row:
+    """normalise(max(0, p - q)) up to its normaliser; ``p`` itself when that has no mass."""
+    if q is None:
+        rest = p.copy()
+        rest[x] = 0.0  # max(0, p - onehot(x))
+    else:
+        rest = np.maximum(p - q, 0.0)
+    return rest if rest.sum() > RESIDUAL_FLOOR else p
+
+
+def sample_index(weights: Row, u: float) -> int:
+    """Inverse-CDF draw from non-negative ``weights`` (any positive total) with uniform ``u``.
+
+    Never returns an index of zero weight: ``cdf[i] > u * total >= cdf[i - 1]`` forces
+    ``weights[i] > 0``.
+    """
+    cdf = np.cumsum(weights)
+    index = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    if index >= cdf.shape[0]:  # u * total rounded up to total: take the last token with mass
+        index = int(np.flatnonzero(weights)[-1])
+    return index
+
+
+def _rows(values: ArrayLike, name: str, ndim: int) -> Row:
+    rows = np.asarray(values, dtype=np.float64)
+    if rows.ndim != ndim or rows.shape[-1] == 0:
+        raise RuleInputError(f"{name} must be {ndim}-D with a non-empty vocabulary, got shape {rows.shape}")
+    if rows.size == 0:  # no drafts: nothing to check
+        return rows
+    if not np.all(np.isfinite(rows)):
+        raise RuleInputError(f"{name} holds NaN or inf")
+    if np.any(rows < 0.0):
+        raise RuleInputError(f"{name} holds negative probabilities")
+    sums = rows.sum(axis=-1)
+    if np.any(sums == 0.0):
+        raise RuleInputError(f"{name} has a row with no mass")
+    worst = float(np.max(np.abs(sums - 1.0)))
+    if worst > ROW_SUM_TOL:
+        raise RuleInputError(f"{name} rows must sum to 1 (within {ROW_SUM_TOL}); one is off by {worst:.3g}")
+    return rows
+
+
+def _check_token(token: int, vocab: int) -> None:
+    if not 0 <= token < vocab:
+        raise RuleInputError(f"draft token {token} is outside the vocabulary [0, {vocab})")
+
+
+def _check_uniforms(u: NDArray[np.float64]) -> None:
+    if not np.all((u >= 0.0) & (u < 1.0)):  # also false for NaN
+        raise RuleInputError(f"uniforms must lie in [0, 1), got {u[~((u >= 0.0) & (u < 1.0))][:3]}")

@@ -1,0 +1,213 @@
+"""The sampling pipeline: logits plus the token history at a position -> final distribution.
+
+The engine calls the same function for the target's rows (``p``) and a sampling drafter's
+rows (``q``), so both see identical temperature, filtering and penalties; the acceptance rule
+is exact only when they do. Order of operations, per position::
+
+    penalties (repetition on prompt + output, presence/frequency on output)
+    -> temperature 0: one-hot at the argmax (greedy is the rule's degenerate case)
+    -> softmax(logits / temperature) -> top-k -> top-p -> min-p -> renormalise
+
+The history of a draft position includes the drafts before it, so penalties at position j
+use that position's own history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+Probs = NDArray[np.float64]
+Ids = NDArray[np.int64]
+
+
+class SamplingError(ValueError):
+    """Base of the errors this module raises."""
+
+
+class InvalidParameterError(SamplingError):
+    """A sampling parameter out of its range; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+class NonFiniteLogitsError(SamplingError):
+    """The model produced NaN or +inf logits (or no finite logit at all)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asks of the sampler; validated on construction.
+
+    temperature: 0 is greedy; top_k: 0 turns it off; top_p in (0, 1]; min_p in [0, 1]
+    (relative to the most likely token); repetition_penalty > 0 (1 is off; divides positive
+    and multiplies negative logits of every token seen in prompt or output);
+    presence_penalty, frequency_penalty in [-2, 2] (subtracted per output token seen, and
+    per occurrence); seed: the per-request RNG's seed (None draws one); max_tokens >= 1;
+    stop: strings that end the output (not included in it).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 128
+    stop: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _real(self, "temperature", low=0.0)
+        _integer(self, "top_k", low=0)
+        _real(self, "top_p", low=0.0, low_open=True, high=1.0)
+        _real(self, "min_p", low=0.0, high=1.0)
+        _real(self, "repetition_penalty", low=0.0, low_open=True)
+        _real(self, "presence_penalty", low=-2.0, high=2.0)
+        _real(self, "frequency_penalty", low=-2.0, high=2.0)
+        if self.seed is not None:
+            _integer(self, "seed", low=0)
+        _integer(self, "max_tokens", low=1)
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) and s for s in stop):
+            raise InvalidParameterError("stop", "must be a string or a list of non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def final_distribution(
+    logits: ArrayLike,
+    params: SamplingParams,
+    prompt_tokens: Sequence[int] | Ids = (),
+    output_tokens: Sequence[int] | Ids = (),
+) -> Probs:
+    """The final sampling distribution (V,) for one position with the given history."""
+    row = np.asarray(logits)
+    if row.ndim != 1:
+        raise SamplingError(f"logits must be one row (V,), got shape {row.shape}")
+    only: Probs = final_distributions(row[None, :], params, prompt_tokens, output_tokens, ())[0]
+    return only
+
+
+def final_distributions(
+    logits: ArrayLike,
+    params: SamplingParams,
+    prompt_tokens: Sequence[int] | Ids,
+    output_tokens: Sequence[int] | Ids,
+    draft_tokens: Sequence[int] | Ids,
+) -> Probs:
+    """Final distributions (n, V) for n consecutive positions of one verify pass.
+
+    logits: (n, V). Row j's history is ``output_tokens + draft_tokens[:j]``, so
+    ``draft_tokens`` needs at least n - 1 entries.
+    """
+    rows = np.array(logits, dtype=np.float64)  # a copy: penalties write into it
+    if rows.ndim != 2 or rows.shape[1] == 0:
+        raise SamplingError(f"logits must be (n, V), got shape {rows.shape}")
+    n = rows.shape[0]
+    drafts = np.asarray(draft_tokens, dtype=np.int64)
+    if drafts.shape[0] < n - 1:
+        raise SamplingError(f"{n} rows need at least {n - 1} draft tokens, got {drafts.shape[0]}")
+    if np.isnan(rows).any() or np.isposinf(rows).any():
+        raise NonFiniteLogitsError("the model produced NaN or +inf logits")
+    if params.penalised:
+        _apply_penalties(rows, params, prompt_tokens, output_tokens, drafts[: n - 1])
+    if not np.isfinite(rows.max(axis=1)).all():
+        raise NonFiniteLogitsError("a row of logits has no finite entry")
+    if params.greedy:
+        probs = np.zeros_like(rows)
+        probs[np.arange(n), rows.argmax(axis=1)] = 1.0  # ties go to the lowest id
+        return probs
+    filtered: Probs = np.stack([_filtered_softmax(row, params) for row in rows])
+    return filtered
+
+
+def _apply_penalties(
+    rows: Probs,
+    params: SamplingParams,
+    prompt_tokens: Sequence[int] | Ids,
+    output_tokens: Sequence[int] | Ids,
+    drafts: Ids,
+) -> None:
+    vocab = rows.shape[1]
+    prompt = _ids(prompt_tokens, vocab, "prompt_tokens")
+    counts = np.bincount(_ids(output_tokens, vocab, "output_tokens"), minlength=vocab).astype(np.float64)
+    seen_in_prompt = np.bincount(prompt, minlength=vocab) > 0
+    _ids(drafts, vocab, "draft_tokens")
+    for j in range(rows.shape[0]):
+        if j > 0:
+            counts[drafts[j - 1]] += 1.0  # position j has seen the drafts before it
+        row = rows[j]
+        if params.repetition_penalty != 1.0:
+            seen = seen_in_prompt | (counts > 0)
+            r = params.repetition_penalty
+            row[seen] = np.where(row[seen] > 0, row[seen] / r, row[seen] * r)
+        if params.presence_penalty or params.frequency_penalty:
+            row -= params.presence_penalty * (counts > 0) + params.frequency_penalty * counts
+
+
+def _filtered_softmax(row: Probs, params: SamplingParams) -> Probs:
+    scaled = row / params.temperature
+    probs = np.exp(scaled - scaled.max())  # -inf logits become exactly 0
+    vocab = probs.shape[0]
+    if 0 < params.top_k < vocab:
+        kth = np.partition(scaled, vocab - params.top_k)[vocab - params.top_k]
+        probs[scaled < kth] = 0.0  # ties with the k-th value stay in
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        sorted_probs = probs[order]
+        before = np.cumsum(sorted_probs) - sorted_probs  # mass strictly ahead of each token
+        drop = order[before >= params.top_p * sorted_probs.sum()]
+        probs[drop] = 0.0  # the most likely token always stays: its mass ahead is 0
+    if params.min_p > 0.0:
+        probs[probs < params.min_p * probs.max()] = 0.0
+    normalised: Probs = probs / probs.sum()
+    return normalised
+
+
+def _ids(tokens: Sequence[int] | Ids, vocab: int, name: str) -> Ids:
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise SamplingError(f"{name} holds an id outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def _real(
+    params: SamplingParams,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> None:
+    value = getattr(params, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidParameterError(name, f"must be a finite number, got {value!r}")
+    too_low = low is not None and (value < low or (low_open and value == low))
+    if too_low or (high is not None and value > high):
+        bounds = [f"{'>' if low_open else '>='} {low}"] if low is not None else []
+        bounds += [f"<= {high}"] if high is not None else []
+        raise InvalidParameterError(name, f"must be {' and '.join(bounds)}, got {value}")
+    object.__setattr__(params, name, float(value))
+
+
+def _integer(params: SamplingParams, name: str, low: int) -> None:
+    value = getattr(params, name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidParameterError(name, f"must be an integer, got {value!r}")
+    if value < low:
+        raise InvalidParameterError(name, f"must be >= {low}, got {value}")
+    object.__setattr__(params, name, int(value))
