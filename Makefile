@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
+CORE   := verispec/accept.py verispec/accept_batched.py verispec/rounds.py verispec/sampling.py verispec/stats.py
 
 .PHONY: install test test-fast lint demo bench-rule clean
 
@@ -21,6 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 lint: install
 	$(VENV)/bin/ruff check verispec tests benchmarks
 	$(VENV)/bin/ruff format --check verispec tests benchmarks
+	# strict on the pure core (the part checked against the paper), standard on the rest
+	$(VENV)/bin/mypy --strict --follow-imports=silent $(CORE)
 	$(VENV)/bin/mypy
 
 test: lint
@@ -28,6 +31,11 @@ test: lint
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests
+
+DEMO_PROMPT := Correct the spelling in this paragraph and return the corrected paragraph only:\n\nThe quick brown fox jumpd over the lazy dog. It was a sunny day and the fox was very hapy. The dog did not care, becuase it was sleeping under a big tree near the river, dreaming of bones and long walks in the park.
+
+demo: install
+	$(VENV)/bin/verispec generate "$$(printf '$(DEMO_PROMPT)')" --drafter lookup --k 4 --max-tokens 128 --compare
 
 bench-rule: install
 	$(PY) benchmarks/rule_cost.py

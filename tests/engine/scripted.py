@@ -1,0 +1,59 @@
+"""Test drafters with known behaviour, behind the real Drafter protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from verispec.drafters.base import NO_DRAFT, Draft
+from verispec.drafters.model import ModelDrafter
+from verispec.sampling import SamplingParams, final_distribution
+
+
+class ScriptDrafter:
+    """Proposes the continuation of ``script`` (a full token sequence) after the context,
+    as point masses: with the target's own greedy output as script, every draft is right."""
+
+    name = "script"
+
+    def __init__(self, script: Sequence[int]) -> None:
+        self.script = list(script)
+
+    def begin(self, prompt_ids, params: SamplingParams) -> None:
+        pass
+
+    def propose(self, context, k, rng) -> Draft:
+        n = len(context)
+        if list(context) != self.script[:n]:
+            return NO_DRAFT
+        return Draft(tokens=self.script[n : n + k])
+
+    def observe(self, context, accepted) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class GreedyButReportsSoftmax(ModelDrafter):
+    """A known peer bug: drafts the argmax of the draft model but reports its softmax as q."""
+
+    name = "greedy-reports-softmax"
+
+    def propose(self, context, k, rng) -> Draft:
+        self._trim(context)
+        fresh = list(context[len(self.cached) :])
+        row = self.draft.verify(fresh)[-1]
+        self.cached.extend(fresh)
+        output = list(context[len(self.prompt) :])
+        tokens, rows = [], []
+        for i in range(k):
+            probs = final_distribution(row, self.params, self.prompt, output + tokens)
+            token = int(np.argmax(probs))  # the bug: not sampled from probs
+            tokens.append(token)
+            rows.append(probs)
+            if i + 1 < k:
+                row = self.draft.verify([token])[-1]
+                self.cached.append(token)
+        return Draft(tokens=tokens, probs=np.stack(rows))

@@ -1,0 +1,45 @@
+"""Greedy equivalence: speculative output equals plain output token for token (fp32)."""
+
+import pytest
+
+from tests.engine.scripted import ScriptDrafter
+
+PROMPTS = ["the cat sat on the mat. the cat sat", "abc abc abc abc ab", "Hello world"]
+MAX_TOKENS = 48
+_plain: dict[str, list[int]] = {}
+
+
+def plain_output(engine, prompt):
+    if prompt not in _plain:
+        _plain[prompt] = engine.generate(prompt, drafter="none", temperature=0, max_tokens=MAX_TOKENS).token_ids
+    return _plain[prompt]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("drafter", ["lookup", "model", "none"])
+def test_greedy_speculative_equals_plain(tiny_engine, drafter, k):
+    offered = accepted = 0
+    for prompt in PROMPTS:
+        result = tiny_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        assert result.token_ids == plain_output(tiny_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
+        offered += result.stats.offered
+        accepted += result.stats.accepted
+    if drafter != "none":  # the comparison exercised both kept and rejected drafts
+        assert offered > 0 and 0 < accepted < offered, (offered, accepted)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_drafting_with_the_target_itself_accepts_everything(tiny_engine, k):
+    prompt = PROMPTS[1]
+    prompt_ids = tiny_engine.encode(prompt)
+    plain = plain_output(tiny_engine, prompt)
+    oracle = ScriptDrafter(prompt_ids + plain)
+    result = tiny_engine.generate(prompt, drafter=oracle, k=k, temperature=0, max_tokens=MAX_TOKENS)
+    assert result.token_ids == plain
+    stats = result.stats
+    # Every round but the last offers k and keeps all k, plus its bonus: k + 1 tokens.
+    assert stats.accepted == stats.offered
+    full_rounds = MAX_TOKENS // (k + 1)
+    assert stats.k_histogram.get(k, 0) == full_rounds
+    assert stats.rounds == full_rounds + (1 if MAX_TOKENS % (k + 1) else 0)
+    assert stats.bonus_shortfall == 0

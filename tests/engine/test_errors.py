@@ -1,0 +1,84 @@
+"""Bad input gets a clear error naming the problem."""
+
+import pytest
+
+from tests import tiny
+from verispec.api import load_engine
+from verispec.drafters.base import DrafterError
+from verispec.engine import PromptError
+from verispec.models import ModelLoadError
+from verispec.sampling import InvalidParameterError
+
+
+def test_unknown_model_path():
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_engine("/no/such/model.gguf")
+
+
+def test_vocabulary_mismatch_is_refused(tiny_dir, tmp_path):
+    other = tiny.save(tiny.tiny_model(seed=3, vocab_size=80), tmp_path / "wide")
+    engine = load_engine(str(tiny_dir), dtype="float32", draft_model=str(other))
+    with pytest.raises(DrafterError, match="vocabulary of 80 tokens but the target"):
+        engine.drafter("model")
+
+
+def test_model_drafter_without_draft_model(tiny_dir):
+    engine = load_engine(str(tiny_dir), dtype="float32")
+    with pytest.raises(DrafterError, match="needs a draft model"):
+        engine.generate("abc", drafter="model")
+
+
+def test_unknown_drafter(tiny_engine):
+    with pytest.raises(DrafterError, match="unknown drafter 'magic'; known: .*lookup"):
+        tiny_engine.generate("abc", drafter="magic")
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"k": -1}, "k"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_bad_parameters(tiny_engine, options, param):
+    with pytest.raises(InvalidParameterError, match=param):
+        tiny_engine.generate("abc", **options)
+
+
+def test_prompt_longer_than_context(tiny_engine):
+    prompt = "abc " * 100  # 400 characters, the tiny context is 256
+    with pytest.raises(PromptError, match="400 tokens.*context of 256") as error:
+        tiny_engine.generate(prompt, drafter="lookup")
+    assert (error.value.prompt_tokens, error.value.context_length) == (400, 256)
+
+
+def test_empty_prompt(tiny_engine):
+    with pytest.raises(PromptError, match="empty"):
+        tiny_engine.generate("", drafter="none")
+
+
+def test_prompt_ids_outside_vocabulary(tiny_engine):
+    with pytest.raises(PromptError, match="outside the vocabulary"):
+        tiny_engine.generate([1, 2, 500], drafter="none")
+
+
+def test_nan_logits_fail_the_request_and_the_engine_recovers(tiny_engine):
+    import torch
+
+    from verispec.sampling import NonFiniteLogitsError
+
+    head = tiny_engine.target.model.lm_head
+    saved = head.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            head.weight[3, 0] = float("nan")
+        with pytest.raises(NonFiniteLogitsError):
+            tiny_engine.generate("abc abc", drafter="lookup", k=4, temperature=0.7, max_tokens=10)
+        assert tiny_engine.target.cached_tokens == 0
+    finally:
+        with torch.no_grad():
+            head.weight.copy_(saved)
+    assert len(tiny_engine.generate("abc abc", drafter="lookup", max_tokens=10, temperature=0).token_ids) == 10

@@ -1,0 +1,74 @@
+"""The torch backend: verify rows against single steps, rollback, capability checks."""
+
+import numpy as np
+import pytest
+import torch
+
+from tests import tiny
+from verispec.targets.base import TargetError, check_can_run
+from verispec.targets.torch_target import TorchTarget, default_dtype, parse_dtype
+
+PROMPT = [5, 9, 14, 14, 17, 29, 25, 17, 20, 14, 6, 31]
+CONTINUATION = [29, 3, 4, 5, 29, 3, 4, 5, 29]
+
+
+def sequential_rows(target, prompt, tokens):
+    target.prefill(prompt)
+    return np.stack([target.verify([t])[0] for t in tokens])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 5, 9])
+def test_batched_verify_matches_single_steps(dtype, rows):
+    target = TorchTarget(tiny.tiny_model(seed=0).to(dtype))
+    single = sequential_rows(target, PROMPT, CONTINUATION[:rows])
+    target.prefill(PROMPT)
+    batched = target.verify(CONTINUATION[:rows])
+    difference = float(np.max(np.abs(batched - single)))
+    print(f"\n  {dtype} verify of {rows} rows vs {rows} single steps: max |logit difference| = {difference:.2e}")
+    np.testing.assert_array_equal(batched.argmax(-1), single.argmax(-1))
+    assert difference < (1e-4 if dtype == torch.float32 else 0.1)
+
+
+def test_rollback_then_continue_equals_fresh_run():
+    target = TorchTarget(tiny.tiny_model(seed=0))
+    target.prefill(PROMPT)
+    target.verify(CONTINUATION[:6])  # pending token + 5 drafts
+    target.rollback(len(PROMPT) + 2)  # keep two of them
+    assert target.cached_tokens == len(PROMPT) + 2
+    after_rollback = target.verify([40, 41])
+    target.prefill(PROMPT + CONTINUATION[:2])
+    fresh = target.verify([40, 41])
+    np.testing.assert_allclose(after_rollback, fresh, atol=1e-5)
+    np.testing.assert_array_equal(after_rollback.argmax(-1), fresh.argmax(-1))
+
+
+def test_rollback_refuses_impossible_lengths():
+    target = TorchTarget(tiny.tiny_model(seed=0))
+    target.prefill(PROMPT)
+    with pytest.raises(TargetError, match="cannot roll back"):
+        target.rollback(len(PROMPT) + 1)
+    with pytest.raises(TargetError, match="cannot roll back"):
+        target.rollback(-1)
+
+
+def test_reports_vocab_context_and_eos():
+    target = TorchTarget(tiny.tiny_model(seed=0, context=64))
+    assert target.vocab_size == tiny.VOCAB
+    assert target.context_length == 64
+    assert target.eos_token_ids == frozenset({tiny.EOS})
+    assert target.supports_rollback
+    check_can_run(target, 63)
+    with pytest.raises(TargetError, match="prompt has 64 tokens"):
+        check_can_run(target, 64)
+    target.prefill(list(range(60)))
+    with pytest.raises(TargetError, match="exceed the context"):
+        target.verify([1, 2, 3, 4, 5])
+
+
+def test_dtype_choice():
+    assert parse_dtype("float32", "cpu") is torch.float32
+    assert parse_dtype("bf16", "cpu") is torch.bfloat16
+    assert parse_dtype("auto", "cpu") is default_dtype("cpu")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parse_dtype("int3", "cpu")

@@ -1,0 +1,147 @@
+"""The ``verispec`` command line: parse, validate, print. No algorithm lives here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from verispec import rounds
+
+EXIT_USAGE = 2
+
+
+def _k_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"k must be an integer >= 0, got {text!r}") from error
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"k must be an integer >= 0, got {value}")
+    return value
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None, help="GGUF file, transformers directory or hub id (default: embedded)")
+    group.add_argument("--dtype", default="auto", help="auto (bf16 where native, else fp32), float32, bfloat16")
+    group.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    group.add_argument("--draft-model", default=None, help="draft model for --drafter model")
+
+
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    group.add_argument("--presence-penalty", type=float, default=0.0)
+    group.add_argument("--frequency-penalty", type=float, default=0.0)
+    group.add_argument("--seed", type=int, default=None)
+    group.add_argument("--max-tokens", type=int, default=128)
+    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "seed": args.seed,
+        "max_tokens": args.max_tokens,
+        "stop": tuple(args.stop),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verispec", description="Lossless speculative decoding, measured.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text and print acceptance beside tok/s")
+    gen.add_argument("prompt")
+    gen.add_argument("--drafter", default="lookup", help="lookup, model or none")
+    gen.add_argument("--k", type=_k_value, default=4, help="draft tokens per round")
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template")
+    gen.add_argument("--compare", action="store_true", help="also decode plainly and report the speed-up")
+    _add_model_options(gen)
+    _add_sampling_options(gen)
+    gen.set_defaults(run=run_generate)
+    return parser
+
+
+def summary_line(stats: Any) -> str:
+    """One line of the request's statistics, the terms of design.md."""
+    per_position = " ".join(f"{a:.2f}" for a in stats.per_position_acceptance) or "-"
+    cost = stats.cost_steps
+    parts = [
+        f"tokens {stats.tokens}",
+        f"{stats.tokens_per_second:.1f} tok/s",
+        f"acceptance {stats.acceptance_rate:.1%}",
+        f"tokens/round {stats.tokens_per_round:.2f}",
+        f"per-position [{per_position}]",
+        f"rounds {stats.rounds} (plain {stats.plain_rounds})",
+        f"bonus shortfall {stats.bonus_shortfall}",
+    ]
+    if cost is not None:
+        verdict = "yes" if rounds.pays(stats.drafted_tokens_per_round, cost) else "no"
+        parts.append(f"cost {cost:.2f} steps, pays {verdict}")
+    return " | ".join(parts)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from verispec.api import load_engine
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    start = time.perf_counter()
+    engine = load_engine(args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model)
+    err.print(f"[dim]loaded {engine.name} in {time.perf_counter() - start:.1f} s[/dim]")
+    sampling = _sampling_kwargs(args)
+    options = {"drafter": args.drafter, "k": args.k, "chat": args.chat}
+    if args.compare:  # warm both paths up so neither pays first-call costs in the timing
+        for drafter in (args.drafter, "none"):
+            engine.generate(args.prompt, **{**options, "drafter": drafter}, **{**sampling, "max_tokens": 4})
+    stream = engine.stream(args.prompt, **options, **sampling)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    result = stream.result
+    assert result is not None
+    err.print(f"[bold]{args.drafter}[/bold] k={args.k}: {summary_line(result.stats)}")
+    if args.compare:
+        plain = engine.generate(args.prompt, **{**options, "drafter": "none"}, **sampling)
+        speedup = result.stats.tokens_per_second / plain.stats.tokens_per_second
+        same = "identical" if plain.token_ids == result.token_ids else "different"
+        note = "" if args.temperature == 0 else " (sampled: outputs differ by chance, both follow the target)"
+        err.print(
+            f"[bold]plain[/bold]: {plain.stats.tokens_per_second:.1f} tok/s | speed-up {speedup:.2f}x | "
+            f"output {same} to plain decoding{note}"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from verispec.errors import USER_ERRORS
+
+    try:
+        return int(args.run(args))
+    except USER_ERRORS as error:
+        print(f"verispec: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The Drafter protocol and the registry of drafters by name.
+
+Lifecycle, one line each:
+
+- ``begin(prompt_ids, params)``: a new request starts with this prompt.
+- ``propose(context, k, rng)``: up to k tokens to follow ``context`` (the committed
+  tokens), with the rows they were sampled from, or ``None`` for point masses.
+- ``observe(context, accepted)``: the round committed ``context`` (now ending with the
+  bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
+- ``reset()``: forget the request.
+
+A drafter proposes and observes; it never decides acceptance. The engine creates drafters
+through ``create_drafter(name, ...)``; the registry is the only place names are looked up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from verispec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens (n,) and the rows (n, V) they were drawn from; ``probs`` None = point masses."""
+
+    tokens: list[int]
+    probs: NDArray[np.float64] | None = None
+
+    def __post_init__(self) -> None:
+        if self.probs is not None and self.probs.shape[0] != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} draft tokens but {self.probs.shape[0]} draft rows")
+
+
+NO_DRAFT = Draft(tokens=[])
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None: ...
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft: ...
+
+    def observe(self, context: Sequence[int], accepted: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class DrafterError(ValueError):
+    """A drafter cannot be built for this target (unknown name, vocabulary mismatch, ...)."""
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter factory may need: the loaded target and its tokenizer, plus options."""
+
+    target: Any
+    tokenizer: Any = None
+    options: dict[str, Any] | None = None
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return (self.options or {}).get(key, default)
+
+
+DrafterFactory = Callable[[DrafterContext], Drafter]
+_REGISTRY: dict[str, DrafterFactory] = {}
+
+
+def register_drafter(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Class or function decorator: make ``name`` buildable by ``create_drafter``."""
+
+    def decorate(factory: DrafterFactory) -> DrafterFactory:
+        _REGISTRY[name] = factory
+        return factory
+
+    return decorate
+
+
+def drafter_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def create_drafter(name: str, context: DrafterContext) -> Drafter:
+    _load_builtin()
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise DrafterError(f"unknown drafter {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return factory(context)
+
+
+def _load_builtin() -> None:
+    # Importing the modules registers their drafters.
+    from verispec.drafters import lookup, model, none  # noqa: F401

@@ -1,0 +1,73 @@
+"""``lookup``: prompt-lookup n-gram drafting over prompt + output so far.
+
+The last n tokens of the context are looked up among earlier positions, longest n first
+(from ``max_ngram`` down to ``min_ngram``); the most recent earlier occurrence wins and the
+tokens that followed it are proposed. Drafts are deterministic, so q is a point mass.
+
+An index maps every n-gram to the position right after its latest occurrence; it is
+extended as tokens are committed, so a proposal costs O(max_ngram), not a scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
+from verispec.sampling import SamplingParams
+
+
+class LookupDrafter:
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise DrafterError(f"lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[int] = []
+        # n -> {n-gram: index of the token that followed its most recent occurrence}
+        self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.reset()
+        self._extend(prompt_ids)
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        self._sync(context)
+        if k <= 0:
+            return NO_DRAFT
+        tokens = self.tokens
+        for n in range(min(self.max_ngram, len(tokens)), self.min_ngram - 1, -1):
+            follow = self.index[n].get(tuple(tokens[-n:]))
+            if follow is not None:
+                return Draft(tokens=tokens[follow : follow + k])
+        return NO_DRAFT
+
+    def observe(self, context: Sequence[int], accepted: int) -> None:
+        self._sync(context)
+
+    def _sync(self, context: Sequence[int]) -> None:
+        known = len(self.tokens)
+        if len(context) >= known and (known == 0 or context[known - 1] == self.tokens[-1]):
+            self._extend(context[known:])
+        else:  # the context is not an extension of what we indexed: start over
+            self.reset()
+            self._extend(context)
+
+    def _extend(self, new_tokens: Sequence[int]) -> None:
+        tokens = self.tokens
+        for token in new_tokens:
+            # Every n-gram ending at the current last token is now followed by ``token``.
+            end = len(tokens)
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self.index[n][tuple(tokens[end - n : end])] = end
+            tokens.append(int(token))
+
+
+@register_drafter("lookup")
+def _build(context: DrafterContext) -> LookupDrafter:
+    return LookupDrafter(max_ngram=context.option("max_ngram", 3), min_ngram=context.option("min_ngram", 1))

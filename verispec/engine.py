@@ -1,0 +1,302 @@
+"""The engine: prefill -> rounds (draft, one verify pass, decide, commit, roll back) -> stop.
+
+One round::
+
+    draft  = drafter.propose(context, k)                 # up to k tokens (+ their q rows)
+    logits = target.verify([last committed] + draft)     # k + 1 rows, one forward pass
+    p      = final_distributions(logits, history)        # the same pipeline the drafter used
+    kept, bonus = accept_chain(p, draft, q, uniforms)    # the exact rule, uniforms from the RNG
+    commit kept drafts + bonus, stopping exactly at EOS / stop string / max_tokens / context
+    target.rollback(len(context) - 1)                    # the rejected tail leaves the cache
+
+The engine owns the per-request RNG (seeded from ``seed``) and the loop; drafters propose,
+targets compute, ``accept`` decides, ``stats`` counts.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from verispec.accept import accept_chain
+from verispec.detokenize import TextStream
+from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
+from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
+from verispec.stats import RequestStats
+from verispec.targets.base import Target, TargetError, check_can_run
+
+CALIBRATION_STEPS = 3  # plain steps timed once per engine when no estimate exists yet
+STEP_EMA = 0.2  # weight of a new plain-step time in the engine's running estimate
+
+
+class PromptError(ValueError):
+    """The prompt cannot be run: empty, or too long for the context."""
+
+    def __init__(self, message: str, prompt_tokens: int = 0, context_length: int = 0) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
+@dataclass
+class Generation:
+    """One finished request. ``finish_reason``: "stop" (EOS or stop string) or "length"."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    stats: RequestStats
+    seed: int
+    drafter: str
+    k: int
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    drafter: Drafter
+    k: int
+    seed: int
+    text: TextStream
+    stats: RequestStats = field(default_factory=RequestStats)
+    context: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class GenerationStream:
+    """Iterates over text pieces as rounds commit them; ``result`` is set once it ends.
+
+    Closing it early (``close()`` or leaving a ``with`` block) ends the request, and the
+    target's cache is reset in the engine's ``finally``.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: Iterator[str] = iter(())
+        self.result: Generation | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._pieces
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Engine:
+    """Keeps a target (and its tokenizer) loaded and runs requests on it, one at a time."""
+
+    def __init__(
+        self,
+        target: Target,
+        tokenizer: Any = None,
+        *,
+        name: str | None = None,
+        default_chat: bool | None = None,
+        drafter_options: dict[str, Any] | None = None,
+        load_seconds: float = 0.0,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.name = name or target.name
+        has_template = getattr(tokenizer, "chat_template", None) is not None
+        self.default_chat = has_template if default_chat is None else default_chat
+        self.drafter_options = dict(drafter_options or {})
+        self.load_seconds = load_seconds
+        self.step_seconds: float | None = None  # running estimate of one plain decode step
+        self._lock = threading.Lock()
+        self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
+
+    # --- building blocks -----------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], chat: bool | None = None) -> list[int]:
+        """Token ids of a prompt: a string (chat template applied when ``chat``), chat
+        messages (a list of {"role", "content"}), or ids as they are."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise PromptError("this engine has no tokenizer: pass the prompt as token ids")
+            use_chat = self.default_chat if chat is None else chat
+            if use_chat:
+                ids = self._apply_chat([{"role": "user", "content": prompt}])
+            else:
+                ids = list(self.tokenizer(prompt)["input_ids"])
+        elif prompt and isinstance(prompt[0], dict):
+            if self.tokenizer is None:
+                raise PromptError("this engine has no tokenizer to apply a chat template with")
+            ids = self._apply_chat(list(prompt))  # type: ignore[arg-type]
+        else:
+            ids = [int(t) for t in prompt]  # type: ignore[arg-type]
+        if not ids:
+            raise PromptError("the prompt is empty: at least one token is needed")
+        vocab = self.target.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise PromptError(f"the prompt holds a token id outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise PromptError(f"{self.name} has no chat template; use plain prompts (--no-chat)")
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+        return [int(t) for t in ids]
+
+    def drafter(self, name: str, **options: Any) -> Drafter:
+        """The drafter ``name`` for this engine's target, built once per set of options."""
+        merged = {**self.drafter_options, **options}
+        key = (
+            name,
+            tuple(sorted((k, id(v) if not isinstance(v, (int, str, float)) else v) for k, v in merged.items())),
+        )
+        if key not in self._drafters:
+            self._drafters[key] = create_drafter(name, DrafterContext(self.target, self.tokenizer, merged))
+        return self._drafters[key]
+
+    # --- requests ------------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | Sequence[dict[str, str]],
+        *,
+        drafter: str | Drafter = "lookup",
+        k: int = 4,
+        chat: bool | None = None,
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> GenerationStream:
+        """Start a request; iterate the returned stream for text pieces."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InvalidParameterError("k", f"must be an integer >= 0, got {k!r}")
+        params = params if params is not None else SamplingParams(**sampling)
+        prompt_ids = self.encode(prompt, chat)
+        try:
+            check_can_run(self.target, len(prompt_ids))
+        except TargetError as error:
+            raise PromptError(str(error), len(prompt_ids), self.target.context_length) from error
+        the_drafter = self.drafter(drafter) if isinstance(drafter, str) else drafter
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        request = _Request(prompt_ids, params, the_drafter, k, seed, TextStream(self.tokenizer, params.stop))
+        stream = GenerationStream()
+        stream._pieces = self._run(request, stream)
+        return stream
+
+    def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **options: Any) -> Generation:
+        """Run a request to the end; see ``stream`` for the options."""
+        stream = self.stream(prompt, **options)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def _run(self, request: _Request, stream: GenerationStream) -> Iterator[str]:
+        with self._lock:
+            try:
+                yield from self._rounds(request)
+            finally:
+                self.target.reset()
+                request.drafter.reset()
+        stream.result = Generation(
+            text=request.text.text,
+            token_ids=request.context[len(request.prompt_ids) :],
+            prompt_tokens=len(request.prompt_ids),
+            finish_reason=request.finish_reason or "length",
+            stats=request.stats,
+            seed=request.seed,
+            drafter=request.drafter.name,
+            k=request.k,
+        )
+
+    def _rounds(self, request: _Request) -> Iterator[str]:
+        target, params, stats = self.target, request.params, request.stats
+        rng = np.random.default_rng(request.seed)
+        prompt = request.prompt_ids
+        context = request.context
+        context.extend(prompt)
+        start = time.perf_counter()
+        target.prefill(prompt[:-1])
+        stats.prefill_seconds = time.perf_counter() - start
+        stats.prompt_tokens = len(prompt)
+        request.drafter.begin(prompt, params)
+        if request.k > 0 and self.step_seconds is None:
+            self._calibrate(context)
+        stats.reference_step_seconds = self.step_seconds
+
+        while request.finish_reason is None:
+            room = min(params.max_tokens - (len(context) - len(prompt)), target.context_length - len(context))
+            if room <= 0:
+                request.finish_reason = "length"
+                break
+            k = min(request.k, room - 1)
+            t0 = time.perf_counter()
+            draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
+            if len(draft.tokens) > k:
+                draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+            t1 = time.perf_counter()
+            logits = target.verify([context[-1], *draft.tokens])
+            target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
+            uniforms = rng.random(2 * len(draft.tokens) + 1)
+            decision = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
+            t2 = time.perf_counter()
+
+            committed = self._commit(request, [*draft.tokens[: decision.accepted], decision.token])
+            accepted = min(decision.accepted, committed)
+            bonus = int(committed == decision.accepted + 1)
+            stats.observe(len(draft.tokens), accepted, bonus, t1 - t0, t2 - t1)
+            if not draft.tokens:
+                self._update_step_estimate(t2 - t1)
+            if request.finish_reason is None:
+                target.rollback(len(context) - 1)
+                request.drafter.observe(context, accepted)
+            piece = request.text.take(final=request.finish_reason is not None)
+            if piece:
+                yield piece
+        tail = request.text.take(final=True)
+        if tail:
+            yield tail
+
+    def _commit(self, request: _Request, tokens: list[int]) -> int:
+        """Append tokens until one ends the sequence; returns how many were committed."""
+        eos = self.target.eos_token_ids
+        limit = len(request.prompt_ids) + request.params.max_tokens
+        for count, token in enumerate(tokens, start=1):
+            request.context.append(token)
+            stopped = request.text.add(token)
+            if token in eos or stopped:
+                request.finish_reason = "stop"
+            elif len(request.context) >= min(limit, self.target.context_length):
+                request.finish_reason = "length"
+            if request.finish_reason is not None:
+                return count
+        return len(tokens)
+
+    def _calibrate(self, context: list[int]) -> None:
+        """Time a few plain steps on the pending token, then undo them."""
+        times = []
+        for _ in range(CALIBRATION_STEPS):
+            start = time.perf_counter()
+            self.target.verify([context[-1]])
+            times.append(time.perf_counter() - start)
+            self.target.rollback(len(context) - 1)
+        self.step_seconds = float(np.median(times))
+
+    def _update_step_estimate(self, seconds: float) -> None:
+        if self.step_seconds is None:
+            self.step_seconds = seconds
+        else:
+            self.step_seconds += STEP_EMA * (seconds - self.step_seconds)

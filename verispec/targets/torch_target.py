@@ -1,0 +1,161 @@
+"""The PyTorch backend: any transformers causal LM under its own KV cache.
+
+Device and dtype: CUDA when present, else the CPU with as many threads as the process may
+use; the dtype is chosen by ``default_dtype`` unless given. Rollback crops the transformers
+``DynamicCache``; a cache with layers that cannot be cropped (sliding windows, recurrent
+state) reports ``supports_rollback = False`` and the engine refuses to run on it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from verispec.targets.base import Logits, TargetError
+
+PREFILL_CHUNK = 512  # prompt tokens per forward pass while prefilling
+
+
+def cpu_threads() -> int:
+    """The cores this process may run on (affinity-aware), the thread count torch should use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with avx512_bf16 or AMX-BF16, where bf16 matmuls run natively."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = next((line for line in handle if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 where the hardware runs it natively, else fp32."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES.update({"float16": torch.float16, "fp16": torch.float16})
+
+
+def parse_dtype(name: str | None, device: str) -> torch.dtype:
+    if name is None or name == "auto":
+        return default_dtype(device)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use auto, {', '.join(sorted(DTYPES))}")
+    return DTYPES[name]
+
+
+class TorchTarget:
+    """A transformers causal LM as a verispec Target.
+
+    model: an ``AutoModelForCausalLM`` instance; eos_token_ids: ids that end a sequence
+    (taken from the model's generation config when not given).
+    """
+
+    def __init__(self, model: Any, name: str = "model", eos_token_ids: Sequence[int] | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.name = name
+        self.device = next(model.parameters()).device
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads())
+        self._cache_type = DynamicCache
+        self._cache = DynamicCache(config=model.config)
+        self._length = 0
+        config = model.config
+        self._vocab = int(model.get_output_embeddings().weight.shape[0])
+        self._context = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self._eos = frozenset(eos_token_ids if eos_token_ids is not None else _eos_from(model))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def supports_rollback(self) -> bool:
+        return bool(getattr(self._cache, "is_croppable", True))
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._length
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def reset(self) -> None:
+        self._cache = self._cache_type(config=self.model.config)
+        self._length = 0
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        self.reset()
+        ids = list(token_ids)
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            self._forward(ids[start : start + PREFILL_CHUNK], keep_logits=False)
+
+    def verify(self, token_ids: Sequence[int]) -> Logits:
+        if not token_ids:
+            raise TargetError("verify needs at least one token")
+        if self._length + len(token_ids) > self._context:
+            raise TargetError(
+                f"{self.name}: {self._length + len(token_ids)} positions exceed the context {self._context}"
+            )
+        logits = self._forward(list(token_ids), keep_logits=True)
+        out: Logits = logits.float().cpu().numpy()
+        return out
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise TargetError(f"cannot roll back to {length}: the cache holds {self._length} positions")
+        if length < self._length:
+            self._cache.crop(length - self._length)  # transformers 5: negative = tokens to drop
+            self._length = length
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], keep_logits: bool) -> torch.Tensor:
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(self._length, self._length + len(ids), device=self.device)
+        out = self.model(
+            input_ids=input_ids,
+            past_key_values=self._cache,
+            use_cache=True,
+            cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+            logits_to_keep=0 if keep_logits else 1,
+        )
+        self._length += len(ids)
+        return out.logits[0]
+
+
+def _eos_from(model: Any) -> list[int]:
+    candidates: list[int] = []
+    for config in (getattr(model, "generation_config", None), model.config):
+        value = getattr(config, "eos_token_id", None) if config is not None else None
+        if value is None:
+            continue
+        candidates.extend(value if isinstance(value, (list, tuple)) else [value])
+    return sorted({int(v) for v in candidates})
