@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(gen)
     _add_sampling_options(gen)
     gen.set_defaults(run=run_generate)
+
+    from verispec.bench.cli import add_bench_parser
+
+    add_bench_parser(commands)
     return parser
 
 

@@ -4,9 +4,12 @@ Each is raised next to the check that finds it; this module only collects them.
 """
 
 from verispec.accept import RuleInputError
+from verispec.bench.cli import BenchInputError
+from verispec.bench.configs import BenchConfigError
 from verispec.drafters.base import DrafterError
 from verispec.engine import PromptError
 from verispec.models import ModelLoadError
+from verispec.prompts import PromptSetError
 from verispec.sampling import SamplingError
 from verispec.targets.base import TargetError
 
@@ -17,4 +20,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     SamplingError,
     TargetError,
     RuleInputError,
+    BenchConfigError,
+    BenchInputError,
+    PromptSetError,
 )

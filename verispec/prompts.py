@@ -49,12 +49,12 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
 def select(prompts: list[Prompt], categories: list[str] | None = None, per_category: int | None = None) -> list[Prompt]:
     """The first ``per_category`` prompts of each wanted category, in file order."""
     known = sorted({p.category for p in prompts})
-    wanted = categories or known
+    if categories is not None and not categories:
+        raise PromptSetError(f"no categories selected; the file has {known}")
+    wanted = categories if categories is not None else known
     unknown = [c for c in wanted if c not in known]
     if unknown:
         raise PromptSetError(f"unknown categories {unknown}; the file has {known}")
-    if not wanted:
-        raise PromptSetError("no categories selected")
     taken: dict[str, int] = {}
     chosen = []
     for prompt in prompts:

@@ -12,7 +12,7 @@ as a division by zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -113,3 +113,32 @@ def best_k(acceptance: float, draft_cost: float, verify_cost: float, k_max: int)
 def _check_probability(value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"an acceptance probability must lie in [0, 1], got {value}")
+
+
+def expected_tokens_for_rounds(k_histogram: Mapping[int, int], acceptance_by_position: Sequence[float]) -> float:
+    """Tokens the theory expects from rounds of the given sizes (``{offered: rounds}``) when
+    draft i survives with probability ``acceptance_by_position[i]`` given the ones before it.
+
+    A round offering k drafts expects ``expected_tokens_positional(a[:k])``; a plain round, 1.
+    """
+    total = 0.0
+    for k, count in k_histogram.items():
+        if k > len(acceptance_by_position):
+            raise ValueError(f"rounds of {k} drafts but acceptance known for {len(acceptance_by_position)} positions")
+        total += count * expected_tokens_positional(acceptance_by_position[:k])
+    return total
+
+
+def predicted_speedup_for_rounds(
+    k_histogram: Mapping[int, int], acceptance_by_position: Sequence[float], cost_steps: float
+) -> float:
+    """Predicted speed-up over plain decoding for a measured mix of rounds.
+
+    Plain rounds cost one step and yield one token; drafted rounds cost ``cost_steps`` each
+    and yield what ``expected_tokens_for_rounds`` expects. The ratio of tokens to steps is
+    the speed-up, since plain decoding yields exactly one token per step.
+    """
+    plain = k_histogram.get(0, 0)
+    drafted = sum(count for k, count in k_histogram.items() if k > 0)
+    steps = plain + drafted * cost_steps
+    return _ratio(expected_tokens_for_rounds(k_histogram, acceptance_by_position), steps)

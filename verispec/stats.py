@@ -136,6 +136,7 @@ class RequestStats:
             "plain_rounds": self.plain_rounds,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            "plain_seconds": self.plain_seconds,
             "prefill_seconds": self.prefill_seconds,
             "tokens_per_second": self.tokens_per_second,
             "cost_steps": self.cost_steps,

@@ -1,0 +1,86 @@
+"""``verispec bench`` end to end on a tiny model: JSON, PNGs, table, --plot; bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "verispec.cli", "bench"]
+
+
+def write_prompts(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    records = [
+        {"question_id": 1, "category": "summarization", "turns": ["the cat sat on the mat. the cat sat on the"]},
+        {"question_id": 2, "category": "qa", "turns": ["abc abc abc abc"]},
+    ]
+    return write_prompts(tmp_path / "prompts.jsonl", [json.dumps(r) for r in records])
+
+
+def run(*args):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_bench_writes_json_plots_and_table_and_redraws(tiny_dir, prompt_file, tmp_path):
+    out = tmp_path / "out"
+    done = run(
+        "--model",
+        str(tiny_dir),
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(prompt_file),
+        "--per-category",
+        "1",
+        "--max-tokens",
+        "12",
+        "--configs",
+        "none",
+        "lookup:k=3",
+        "--out",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads((out / "results.json").read_text())
+    assert {r["config"] for r in document["records"]} == {"none", "lookup:k=3"}
+    assert len(document["records"]) == 4
+    assert {"cpu", "versions", "load_average_before", "load_average_after"} <= set(document["environment"])
+    pngs = ["speedup_by_category.png", "acceptance_by_position.png", "measured_vs_predicted.png"]
+    for name in pngs:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for column in ("speed-up", "tok/round", "identical", "overall"):
+        assert column in done.stdout
+    for name in pngs:
+        (out / name).unlink()
+    redraw = run("--plot", str(out / "results.json"))
+    assert redraw.returncode == 0, redraw.stderr
+    assert all((out / name).is_file() for name in pngs)
+    assert "lookup:k=3" in redraw.stdout
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (None, ["--prompts", "/no/such.jsonl"], "not found"),
+        ("good", ["--categories", "poetry"], "unknown categories"),
+        ("good", ["--categories"], "no categories selected"),
+        ("bad-line", [], ":2: not a Spec-Bench record"),
+        ("good", ["--configs", "turbo"], "unknown configuration 'turbo'"),
+        ("empty", [], "holds no prompts"),
+    ],
+)
+def test_bad_input(tmp_path, tiny_dir, setup, args, message):
+    good = json.dumps({"question_id": 1, "category": "qa", "turns": ["abc"]})
+    files = {"good": [good], "bad-line": [good, "{not json"], "empty": [""]}
+    extra = []
+    if setup:
+        extra = ["--prompts", str(write_prompts(tmp_path / "p.jsonl", files[setup]))]
+    done = run("--model", str(tiny_dir), *extra, *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,116 @@
+"""The bench's statistics come from rounds.py applied to summed counts: known answers."""
+
+import pytest
+
+from verispec.bench.configs import BenchConfigError, parse_config, parse_configs
+from verispec.bench.report import OVERALL, summarise
+
+RATIO_TOL = 5e-4  # known answers are stated to 3 decimals
+
+
+def stats(rounds, offered, accepted, bonus, k_hist, acc_pos, off_pos, seconds, plain_rounds=0, plain_seconds=0.0):
+    return {
+        "rounds": rounds,
+        "offered": offered,
+        "accepted": accepted,
+        "bonus": bonus,
+        "k_histogram": {str(k): n for k, n in k_hist.items()},
+        "accepted_by_position": acc_pos,
+        "offered_by_position": off_pos,
+        "draft_seconds": 0.0,
+        "verify_seconds": seconds,
+        "plain_rounds": plain_rounds,
+        "plain_seconds": plain_seconds,
+    }
+
+
+def record(config, index, category, tokens, seconds, token_ids, round_stats):
+    return {
+        "config": config,
+        "prompt_index": index,
+        "category": category,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds,
+        "token_ids": token_ids,
+        "peak_rss_mb": 100.0,
+        "stats": round_stats,
+    }
+
+
+@pytest.fixture
+def records():
+    # Two prompts. The plain baseline decodes 80 tokens per prompt at 10 ms a step.
+    # lookup:k=4 reproduces the known-answer row k=4: over both prompts 54 rounds, 216
+    # offered, 108 accepted, 160 tokens (so 52 bonus, shortfall 2).
+    base = [
+        record("none", i, "summarization", 80, 0.8, [1] * 80, stats(80, 0, 0, 80, {0: 80}, [], [], 0.8, 80, 0.8))
+        for i in range(2)
+    ]
+    look = [
+        record(
+            "lookup:k=4",
+            0,
+            "summarization",
+            80,
+            0.4,
+            [1] * 80,
+            stats(27, 108, 54, 26, {4: 27}, [20, 14, 11, 9], [27, 27, 27, 27], 0.4),
+        ),
+        record(
+            "lookup:k=4",
+            1,
+            "summarization",
+            80,
+            0.5,
+            [1] * 79 + [2],
+            stats(27, 108, 54, 26, {4: 27}, [21, 14, 10, 9], [27, 27, 27, 27], 0.5),
+        ),
+    ]
+    return base + look
+
+
+def test_known_answers(records):
+    rows = {(r.category, r.config): r for r in summarise(records, "none", greedy=True)}
+    row = rows[("summarization", "lookup:k=4")]
+    assert row.tokens_per_round == pytest.approx(2.963, abs=RATIO_TOL)
+    assert row.acceptance_rate == 0.5
+    assert row.bonus_shortfall == 2
+    assert row.per_position == pytest.approx([41 / 54, 28 / 54, 21 / 54, 18 / 54])
+    assert row.tokens_per_second == pytest.approx(160 / 0.9)
+    # Per-prompt ratios 200/100 and 160/100: geometric mean sqrt(3.2).
+    assert row.speedup == pytest.approx(3.2**0.5)
+    assert row.identical == 0.5
+    # Cost: 0.9 s over 54 drafted rounds = 16.67 ms, over the 10 ms plain step = 1.667 steps.
+    assert row.cost_steps == pytest.approx(0.9 / 54 / 0.01)
+    assert row.pays is True  # 2.963 tokens per round > 1.667 steps
+    a = [41 / 54, 28 / 54, 21 / 54, 18 / 54]
+    expected_tokens = 1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2] + a[0] * a[1] * a[2] * a[3]
+    assert row.predicted_speedup == pytest.approx(expected_tokens / row.cost_steps)
+    assert row.efficiency == pytest.approx(row.speedup / row.predicted_speedup)
+    overall = rows[(OVERALL, "lookup:k=4")]
+    assert overall.tokens_per_round == row.tokens_per_round
+    assert rows[("summarization", "none")].speedup == 1.0
+
+
+def test_identity_is_only_reported_for_greedy(records):
+    rows = summarise(records, "none", greedy=False)
+    assert all(r.identical is None for r in rows)
+
+
+def test_config_parsing():
+    drafters = ["lookup", "model", "none"]
+    config = parse_config("lookup:k=8,dtype=float32", drafters)
+    assert (config.name, config.options, config.int_option("k", 4)) == ("lookup", {"k": "8", "dtype": "float32"}, 8)
+    assert parse_config("hf-prompt-lookup:n=5", drafters).is_peer
+    assert parse_configs(["lookup"], drafters)[0].label == "none"  # the baseline is added
+    with pytest.raises(BenchConfigError, match="unknown configuration 'turbo'"):
+        parse_config("turbo", drafters)
+    with pytest.raises(BenchConfigError, match="unknown option"):
+        parse_config("lookup:n=3", drafters)
+    with pytest.raises(BenchConfigError, match="must be an integer"):
+        parse_config("lookup:k=many", drafters)
+    with pytest.raises(BenchConfigError, match="key=value"):
+        parse_config("lookup:k", drafters)
+    with pytest.raises(BenchConfigError, match="repeat"):
+        parse_configs(["lookup", "lookup"], drafters)

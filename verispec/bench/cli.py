@@ -1,0 +1,116 @@
+"""``verispec bench``: argument parsing and printing around the benchmark loop."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIGS = ["none", "lookup", "hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup"]
+
+
+def add_bench_parser(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="compare configurations and peers on a Spec-Bench prompt set")
+    bench.add_argument("--prompts", default=None, help="Spec-Bench JSONL (default: the dev set in ../shared)")
+    bench.add_argument("--categories", nargs="*", default=None, help="categories to include (default: all)")
+    bench.add_argument("--per-category", type=int, default=5, help="prompts per category")
+    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or > 0 with fixed seeds")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--k", type=int, default=4, help="default draft tokens per round for verispec configs")
+    bench.add_argument("--configs", nargs="*", default=DEFAULT_CONFIGS, help="e.g. none lookup:k=8 hf-generate")
+    bench.add_argument("--model", default=None)
+    bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--draft-model", default=None)
+    bench.add_argument("--out", default=None, help="output directory (default: bench-results/<time>)")
+    bench.add_argument("--plot", default=None, metavar="RESULTS_JSON", help="redraw table and plots from a saved run")
+    bench.set_defaults(run=run_bench_command)
+
+
+class BenchInputError(ValueError):
+    """Bad benchmark input: files, categories, configurations."""
+
+
+def _console() -> Any:
+    import sys
+
+    from rich.console import Console
+
+    # A wide table: when writing to a file or pipe, do not squeeze it into 80 columns.
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _report(document: dict[str, Any], directory: Path) -> None:
+    from verispec.bench import plots, report
+
+    settings = document["settings"]
+    baseline = next(c["label"] for c in document["configs"] if c["name"] == "none" and not c["options"].get("dtype"))
+    rows = report.summarise(document["records"], baseline, greedy=settings["temperature"] == 0)
+    title = f"{settings['model']}, T={settings['temperature']}, {settings['max_tokens']} new tokens"
+    console = _console()
+    console.print(report.render_table(rows, title))
+    for label, reason in document.get("skipped", {}).items():
+        console.print(f"[yellow]skipped {label}[/yellow]: {reason}")
+    for path in plots.draw_all(rows, baseline, directory, title):
+        console.print(f"wrote {path}")
+    (directory / "table.md").write_text(report.markdown_table(rows) + "\n")
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from verispec.bench import run
+    from verispec.bench.configs import parse_configs
+    from verispec.drafters.base import drafter_names
+    from verispec.prompts import load_prompts, select
+
+    if args.plot:
+        path = Path(args.plot)
+        _report(run.load(path), path.parent)
+        return 0
+    if args.per_category < 1 or args.max_tokens < 1 or args.temperature < 0:
+        raise BenchInputError("--per-category and --max-tokens must be >= 1 and --temperature >= 0")
+    configs = parse_configs(args.configs, drafter_names())
+    prompts = select(load_prompts(args.prompts), args.categories, args.per_category)
+
+    from rich.progress import Progress
+
+    from verispec import models
+    from verispec.api import load_engine
+
+    console = _console()
+    engines: dict[str | None, Any] = {}
+
+    def engine_for(dtype: str | None) -> Any:
+        key = dtype or args.dtype
+        if key not in engines:
+            engines[key] = load_engine(args.model, dtype=key, draft_model=args.draft_model)
+        return engines[key]
+
+    source = models.resolve(args.model)
+    default = engine_for(None)
+    encoded = [(p, default.encode(p.text)) for p in prompts]
+    runners, skipped = run.build_runners(
+        configs, engine_for, source.location if source.kind == "gguf" else None, args.k
+    )
+    for label, reason in skipped.items():
+        console.print(f"[yellow]skipping {label}[/yellow]: {reason}")
+    settings = run.BenchSettings(
+        model=default.name,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        default_k=args.k,
+        prompts_file=str(args.prompts or "default dev set"),
+    )
+    env = run.environment()
+    env["load_average_before"] = os.getloadavg()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmark", total=len(encoded) * len(runners))
+        records = run.run_bench(runners, encoded, settings, lambda label: progress.advance(task))
+    env["load_average_after"] = os.getloadavg()
+    directory = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
+    run.save(directory / "results.json", settings, configs, skipped, records, env)
+    console.print(f"wrote {directory / 'results.json'}")
+    _report(run.load(directory / "results.json"), directory)
+    return 0

@@ -1,0 +1,90 @@
+"""What ``verispec bench`` compares: configurations written as ``NAME[:key=value,...]``.
+
+NAME is a verispec drafter (``none``, ``lookup``, ``model``, ...) or a peer baseline:
+
+- ``hf-generate``: transformers ``generate()`` plain decoding;
+- ``hf-prompt-lookup``: ``generate(prompt_lookup_num_tokens=n)`` (option ``n``, default 10);
+- ``llama.cpp``, ``llama.cpp-lookup``: llama-cpp-python plain and with its prompt-lookup
+  drafter (option ``n``), when llama-cpp-python is installed.
+
+Options of verispec configurations: ``k`` (draft tokens per round), ``dtype``.
+Examples: ``none``, ``lookup:k=8``, ``lookup:k=4,dtype=float32``, ``hf-prompt-lookup:n=10``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
+BASELINE = "none"
+VERISPEC_OPTIONS = {"k", "dtype"}
+PEER_OPTIONS = {"n", "dtype"}
+
+
+class BenchConfigError(ValueError):
+    """A configuration string that cannot be run."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    label: str  # as written, used in tables, JSON and plots
+    name: str  # drafter or peer name
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_peer(self) -> bool:
+        return self.name in PEERS
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.name == BASELINE and not self.options.get("dtype")
+
+    def int_option(self, key: str, default: int) -> int:
+        value = self.options.get(key)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError as error:
+            raise BenchConfigError(f"{self.label}: {key} must be an integer, got {value!r}") from error
+        if number < 0:
+            raise BenchConfigError(f"{self.label}: {key} must be >= 0, got {number}")
+        return number
+
+
+def parse_config(text: str, drafters: list[str]) -> BenchConfig:
+    """Parse one configuration; ``drafters`` are the verispec drafter names known."""
+    name, _, rest = text.strip().partition(":")
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise BenchConfigError(f"{text!r}: options are key=value, got {item!r}")
+        options[key] = value
+    if name in PEERS:
+        allowed = PEER_OPTIONS
+    elif name in drafters:
+        allowed = VERISPEC_OPTIONS
+    else:
+        known = ", ".join([*drafters, *PEERS])
+        raise BenchConfigError(f"unknown configuration {name!r}; known: {known}")
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise BenchConfigError(f"{text!r}: unknown option(s) {unknown}; {name} takes {sorted(allowed)}")
+    config = BenchConfig(label=text.strip(), name=name, options=options)
+    config.int_option("k", 0)
+    config.int_option("n", 0)
+    return config
+
+
+def parse_configs(texts: list[str], drafters: list[str]) -> list[BenchConfig]:
+    """Parse all; the plain baseline ``none`` is added first when missing."""
+    if not texts:
+        raise BenchConfigError("no configurations given")
+    configs = [parse_config(text, drafters) for text in texts]
+    labels = [c.label for c in configs]
+    if len(set(labels)) != len(labels):
+        raise BenchConfigError(f"configurations repeat: {labels}")
+    if not any(c.is_baseline for c in configs):
+        configs.insert(0, BenchConfig(label=BASELINE, name=BASELINE))
+    return configs

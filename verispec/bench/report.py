@@ -1,0 +1,193 @@
+"""From per-prompt records to the per-category table. Every ratio goes through rounds.py.
+
+Per category (and overall) and configuration:
+
+- tok/s: generated tokens over wall-clock seconds (prefill included), summed over prompts;
+- speed-up: geometric mean over prompts of tok/s relative to the baseline ``none``;
+- tokens per round, acceptance rate, per-position acceptance, bonus shortfall: from the
+  summed round counts;
+- cost steps: mean time of a drafted round over the baseline's mean plain-step time;
+- pays: tokens per drafted round > cost steps;
+- predicted speed-up: the theory (rounds.predicted_speedup_for_rounds) fed with the measured
+  mix of round sizes, per-position acceptance and cost; efficiency = measured / predicted;
+- identical: for greedy runs, the share of prompts whose tokens equal the baseline's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from verispec import rounds
+
+OVERALL = "overall"
+
+
+@dataclass
+class Row:
+    category: str
+    config: str
+    prompts: int
+    tokens_per_second: float
+    speedup: float | None
+    identical: float | None
+    tokens_per_round: float | None = None
+    acceptance_rate: float | None = None
+    per_position: list[float] = field(default_factory=list)
+    bonus_shortfall: int | None = None
+    cost_steps: float | None = None
+    pays: bool | None = None
+    predicted_speedup: float | None = None
+    efficiency: float | None = None
+    peak_rss_mb: float = 0.0
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    width = max((len(x) for x in lists), default=0)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
+
+
+def _round_fields(row: Row, runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> None:
+    stats = [r["stats"] for r in runs]
+    n_rounds = sum(s["rounds"] for s in stats)
+    accepted = sum(s["accepted"] for s in stats)
+    bonus = sum(s["bonus"] for s in stats)
+    offered = sum(s["offered"] for s in stats)
+    histogram: dict[int, int] = defaultdict(int)
+    for s in stats:
+        for k, count in s["k_histogram"].items():
+            histogram[int(k)] += count
+    row.tokens_per_round = rounds.tokens_per_round(accepted, bonus, n_rounds)
+    row.acceptance_rate = rounds.acceptance_rate(accepted, offered)
+    row.per_position = rounds.per_position_acceptance(
+        _sum_lists([s["accepted_by_position"] for s in stats]), _sum_lists([s["offered_by_position"] for s in stats])
+    )
+    row.bonus_shortfall = rounds.bonus_shortfall(n_rounds, bonus)
+
+    # The unit of cost: the baseline's plain step on the same prompts.
+    base = [r["stats"] for r in baseline if r.get("stats")]
+    step_seconds = sum(s["verify_seconds"] + s["draft_seconds"] for s in base)
+    steps = sum(s["rounds"] for s in base)
+    plain_rounds = sum(s["plain_rounds"] for s in stats)
+    drafted = n_rounds - plain_rounds
+    if not steps or not step_seconds:
+        return
+    step = step_seconds / steps
+    drafted_seconds = sum(s["draft_seconds"] + s["verify_seconds"] - s["plain_seconds"] for s in stats)
+    if drafted:
+        row.cost_steps = drafted_seconds / drafted / step
+        drafted_tokens = rounds.tokens_per_round(accepted, bonus - plain_rounds, drafted)
+        row.pays = rounds.pays(drafted_tokens, row.cost_steps)
+        row.predicted_speedup = rounds.predicted_speedup_for_rounds(histogram, row.per_position, row.cost_steps)
+    else:
+        row.predicted_speedup = 1.0
+    if row.speedup is not None and row.predicted_speedup:
+        row.efficiency = row.speedup / row.predicted_speedup
+
+
+def summarise(records: list[dict[str, Any]], baseline_label: str, greedy: bool) -> list[Row]:
+    """Rows per (category, config), categories in first-seen order, then ``overall``."""
+    categories: list[str] = []
+    configs: list[str] = []
+    for r in records:
+        if r["category"] not in categories:
+            categories.append(r["category"])
+        if r["config"] not in configs:
+            configs.append(r["config"])
+    rows = []
+    for category in [*categories, OVERALL]:
+        chosen = [r for r in records if category in (r["category"], OVERALL)]
+        base_by_prompt = {r["prompt_index"]: r for r in chosen if r["config"] == baseline_label}
+        for config in configs:
+            runs = [r for r in chosen if r["config"] == config]
+            if not runs:
+                continue
+            tokens = sum(r["tokens"] for r in runs)
+            seconds = sum(r["seconds"] for r in runs)
+            pairs = [(r, base_by_prompt[r["prompt_index"]]) for r in runs if r["prompt_index"] in base_by_prompt]
+            ratios = [r["tokens_per_second"] / b["tokens_per_second"] for r, b in pairs if b["tokens_per_second"] > 0]
+            speedup = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios and min(ratios) > 0 else None
+            identical = (
+                sum(r["token_ids"] == b["token_ids"] for r, b in pairs) / len(pairs) if greedy and pairs else None
+            )
+            row = Row(
+                category=category,
+                config=config,
+                prompts=len(runs),
+                tokens_per_second=tokens / seconds if seconds else 0.0,
+                speedup=speedup,
+                identical=identical,
+                peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
+            )
+            if all(r.get("stats") for r in runs):
+                _round_fields(row, runs, [b for _, b in pairs])
+            rows.append(row)
+    return rows
+
+
+def _fmt(value: Any, pattern: str = "{:.2f}") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return pattern.format(value)
+
+
+def render_table(rows: list[Row], title: str) -> Any:
+    """A rich Table of the rows."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    columns = ["category", "config", "n", "tok/s", "speed-up", "tok/round", "accept", "per-position"]
+    columns += ["shortfall", "cost steps", "pays", "predicted", "efficiency", "identical", "peak MB"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("category", "config", "per-position") else "right")
+    previous = None
+    for row in rows:
+        table.add_row(
+            row.category if row.category != previous else "",
+            row.config,
+            str(row.prompts),
+            f"{row.tokens_per_second:.1f}",
+            _fmt(row.speedup, "{:.2f}x"),
+            _fmt(row.tokens_per_round),
+            _fmt(row.acceptance_rate, "{:.0%}"),
+            " ".join(f"{a:.2f}" for a in row.per_position[:8]) or "-",
+            _fmt(row.bonus_shortfall, "{}"),
+            _fmt(row.cost_steps),
+            _fmt(row.pays),
+            _fmt(row.predicted_speedup, "{:.2f}x"),
+            _fmt(row.efficiency, "{:.0%}"),
+            _fmt(row.identical, "{:.0%}"),
+            f"{row.peak_rss_mb:.0f}",
+        )
+        previous = row.category
+    return table
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The same table as GitHub markdown, for BENCHMARKS.md."""
+    header = (
+        "| category | config | n | tok/s | speed-up | tok/round | accept | cost steps | pays | predicted | efficiency"
+    )
+    header += " | identical |"
+    lines = [header, "|" + "---|" * 12]
+    for row in rows:
+        cells = [
+            row.category,
+            row.config,
+            str(row.prompts),
+            f"{row.tokens_per_second:.1f}",
+            _fmt(row.speedup, "{:.2f}x"),
+            _fmt(row.tokens_per_round),
+            _fmt(row.acceptance_rate, "{:.0%}"),
+            _fmt(row.cost_steps),
+            _fmt(row.pays),
+            _fmt(row.predicted_speedup, "{:.2f}x"),
+            _fmt(row.efficiency, "{:.0%}"),
+            _fmt(row.identical, "{:.0%}"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""The benchmark loop: one process, warm-up of every configuration, then for each prompt
+every configuration in turn (the order rotates from prompt to prompt), so machine drift
+hits all configurations alike. Writes every per-prompt record and the environment as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from verispec.bench.configs import BenchConfig
+from verispec.bench.runners import (
+    HFGenerateRunner,
+    LlamaCppRunner,
+    RunnerUnavailable,
+    RunRecord,
+    VerispecRunner,
+)
+from verispec.prompts import Prompt
+
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class BenchSettings:
+    model: str
+    max_tokens: int
+    temperature: float
+    seed: int
+    default_k: int
+    prompts_file: str
+
+
+def build_runners(
+    configs: list[BenchConfig], engines: Callable[[str | None], Any], gguf_path: str | None, default_k: int
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Runners by label, and the reasons of those skipped. ``engines(dtype)`` gives a
+    (cached) verispec engine for a dtype, whose model the transformers peers share."""
+    runners: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    for config in configs:
+        dtype = config.options.get("dtype")
+        try:
+            if config.name in ("hf-generate", "hf-prompt-lookup"):
+                runners[config.label] = HFGenerateRunner(config, engines(dtype))
+            elif config.name in ("llama.cpp", "llama.cpp-lookup"):
+                runners[config.label] = LlamaCppRunner(config, gguf_path, os.cpu_count() or 1)
+            else:
+                runners[config.label] = VerispecRunner(config, engines(dtype), default_k)
+        except RunnerUnavailable as error:
+            skipped[config.label] = str(error)
+    return runners, skipped
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions.update(transformers=transformers.__version__, numpy=numpy.__version__)
+    try:
+        import llama_cpp
+
+        versions["llama_cpp_python"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "versions": versions}
+
+
+def run_bench(
+    runners: dict[str, Any],
+    prompts: list[tuple[Prompt, list[int]]],
+    settings: BenchSettings,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Warm up, then run every prompt on every runner, interleaved; returns flat records."""
+    labels = list(runners)
+    for label in labels:  # warm-up: first-call costs (allocations, kernels, calibration)
+        runners[label].run(prompts[0][1], WARMUP_TOKENS, settings.temperature, settings.seed)
+    records: list[dict[str, Any]] = []
+    for index, (prompt, prompt_ids) in enumerate(prompts):
+        shift = index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            record: RunRecord = runners[label].run(prompt_ids, settings.max_tokens, settings.temperature, settings.seed)
+            row = asdict(record)
+            row.update(
+                config=label,
+                prompt_index=index,
+                question_id=prompt.question_id,
+                category=prompt.category,
+                prompt_tokens=len(prompt_ids),
+                tokens_per_second=record.tokens_per_second,
+            )
+            records.append(row)
+            if progress is not None:
+                progress(label)
+    return records
+
+
+def save(
+    path: Path,
+    settings: BenchSettings,
+    configs: list[BenchConfig],
+    skipped: dict[str, str],
+    records: list[dict[str, Any]],
+    env: dict[str, Any],
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "settings": asdict(settings),
+        "configs": [{"label": c.label, "name": c.name, "options": c.options} for c in configs],
+        "skipped": skipped,
+        "environment": env,
+        "records": records,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    path.write_text(json.dumps(document, indent=1))
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        document: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read benchmark results {path}: {error}") from error
+    for key in ("settings", "configs", "records"):
+        if key not in document:
+            raise ValueError(f"{path} is not a verispec bench result (no {key!r})")
+    return document
