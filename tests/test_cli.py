@@ -32,6 +32,6 @@ def test_bad_parameters_exit_2_with_a_message(tiny_dir):
     assert done.returncode == 2
     assert "temperature" in done.stderr and "Traceback" not in done.stderr
     done = run_cli("generate", "abc", "--model", str(tiny_dir), "--k", "-2")
-    assert done.returncode == 2 and "k must be an integer >= 0" in done.stderr
+    assert done.returncode == 2 and "k must be 'auto' or an integer >= 0" in done.stderr
     done = run_cli("generate", "abc", "--model", "/no/such/dir")
     assert done.returncode == 2 and "not found" in done.stderr

@@ -9,18 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from verispec import rounds
+from verispec.cli_args import k_value
 
 EXIT_USAGE = 2
-
-
-def _k_value(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"k must be an integer >= 0, got {text!r}") from error
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"k must be an integer >= 0, got {value}")
-    return value
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate text and print acceptance beside tok/s")
     gen.add_argument("prompt")
     gen.add_argument("--drafter", default="lookup", help="lookup, model or none")
-    gen.add_argument("--k", type=_k_value, default=4, help="draft tokens per round")
+    gen.add_argument("--k", type=k_value, default="auto", help="drafts per round: auto (governed) or a number")
+    gen.add_argument("--k-max", type=int, default=8, help="the most drafts per round --k auto may choose")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template")
     gen.add_argument("--compare", action="store_true", help="also decode plainly and report the speed-up")
     _add_model_options(gen)
@@ -96,6 +88,9 @@ def summary_line(stats: Any) -> str:
     if cost is not None:
         verdict = "yes" if rounds.pays(stats.drafted_tokens_per_round, cost) else "no"
         parts.append(f"cost {cost:.2f} steps, pays {verdict}")
+    if stats.k_chosen_histogram:
+        chosen = " ".join(f"{k}:{n}" for k, n in sorted(stats.k_chosen_histogram.items()))
+        parts.append(f"governor k chosen {{{chosen}}}, plain {stats.governor_plain_rounds}")
     return " | ".join(parts)
 
 
@@ -109,7 +104,7 @@ def run_generate(args: argparse.Namespace) -> int:
     engine = load_engine(args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model)
     err.print(f"[dim]loaded {engine.name} in {time.perf_counter() - start:.1f} s[/dim]")
     sampling = _sampling_kwargs(args)
-    options = {"drafter": args.drafter, "k": args.k, "chat": args.chat}
+    options = {"drafter": args.drafter, "k": args.k, "k_max": args.k_max, "chat": args.chat}
     if args.compare:  # warm both paths up so neither pays first-call costs in the timing
         for drafter in (args.drafter, "none"):
             engine.generate(args.prompt, **{**options, "drafter": drafter}, **{**sampling, "max_tokens": 4})

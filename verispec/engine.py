@@ -15,6 +15,7 @@ targets compute, ``accept`` decides, ``stats`` counts.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import threading
 import time
@@ -27,12 +28,14 @@ import numpy as np
 from verispec.accept import accept_chain
 from verispec.detokenize import TextStream
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
+from verispec.governor import PROBE_K, CostModel, Governor
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target, TargetError, check_can_run
 
-CALIBRATION_STEPS = 3  # plain steps timed once per engine when no estimate exists yet
-STEP_EMA = 0.2  # weight of a new plain-step time in the engine's running estimate
+CALIBRATION_REPEATS = 3  # timed verify passes per row count when calibrating costs
+DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
+AUTO = "auto"
 
 
 class PromptError(ValueError):
@@ -55,7 +58,7 @@ class Generation:
     stats: RequestStats
     seed: int
     drafter: str
-    k: int
+    k: int | str
 
 
 @dataclass
@@ -63,10 +66,12 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     drafter: Drafter
-    k: int
+    k: int | str
+    k_max: int
     seed: int
     text: TextStream
     stats: RequestStats = field(default_factory=RequestStats)
+    governor: Governor | None = None
     context: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -120,7 +125,10 @@ class Engine:
         self.default_chat = has_template if default_chat is None else default_chat
         self.drafter_options = dict(drafter_options or {})
         self.load_seconds = load_seconds
-        self.step_seconds: float | None = None  # running estimate of one plain decode step
+        # Round costs per drafter: as calibrated (frozen, for reproducible sampled requests)
+        # and as refined by later requests (live).
+        self._calibrated_costs: dict[str, CostModel] = {}
+        self._live_costs: dict[str, CostModel] = {}
         self._lock = threading.Lock()
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
 
@@ -175,14 +183,21 @@ class Engine:
         prompt: str | Sequence[int] | Sequence[dict[str, str]],
         *,
         drafter: str | Drafter = "lookup",
-        k: int = 4,
+        k: int | str = AUTO,
+        k_max: int = DEFAULT_K_MAX,
         chat: bool | None = None,
         params: SamplingParams | None = None,
         **sampling: Any,
     ) -> GenerationStream:
-        """Start a request; iterate the returned stream for text pieces."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise InvalidParameterError("k", f"must be an integer >= 0, got {k!r}")
+        """Start a request; iterate the returned stream for text pieces.
+
+        ``k``: drafts per round, fixed, or "auto" for the economics governor, which picks
+        0..``k_max`` before every round from the measured costs and acceptance.
+        """
+        if k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise InvalidParameterError("k", f"must be an integer >= 0 or 'auto', got {k!r}")
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+            raise InvalidParameterError("k_max", f"must be an integer >= 0, got {k_max!r}")
         params = params if params is not None else SamplingParams(**sampling)
         prompt_ids = self.encode(prompt, chat)
         try:
@@ -191,7 +206,7 @@ class Engine:
             raise PromptError(str(error), len(prompt_ids), self.target.context_length) from error
         the_drafter = self.drafter(drafter) if isinstance(drafter, str) else drafter
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        request = _Request(prompt_ids, params, the_drafter, k, seed, TextStream(self.tokenizer, params.stop))
+        request = _Request(prompt_ids, params, the_drafter, k, k_max, seed, TextStream(self.tokenizer, params.stop))
         stream = GenerationStream()
         stream._pieces = self._run(request, stream)
         return stream
@@ -208,6 +223,7 @@ class Engine:
         with self._lock:
             try:
                 yield from self._rounds(request)
+                self._finish_costs(request)
             finally:
                 self.target.reset()
                 request.drafter.reset()
@@ -233,16 +249,18 @@ class Engine:
         stats.prefill_seconds = time.perf_counter() - start
         stats.prompt_tokens = len(prompt)
         request.drafter.begin(prompt, params)
-        if request.k > 0 and self.step_seconds is None:
-            self._calibrate(context)
-        stats.reference_step_seconds = self.step_seconds
-
+        governor = self._governor(request)
         while request.finish_reason is None:
             room = min(params.max_tokens - (len(context) - len(prompt)), target.context_length - len(context))
             if room <= 0:
                 request.finish_reason = "length"
                 break
-            k = min(request.k, room - 1)
+            if governor is not None:
+                choice = governor.next_k()
+                stats.observe_choice(choice.k, choice.probe)
+                k = min(choice.k, room - 1)
+            else:
+                k = min(int(request.k), room - 1)
             t0 = time.perf_counter()
             draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
             if len(draft.tokens) > k:
@@ -251,15 +269,17 @@ class Engine:
             logits = target.verify([context[-1], *draft.tokens])
             target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
             uniforms = rng.random(2 * len(draft.tokens) + 1)
-            decision = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
+            verdict = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
             t2 = time.perf_counter()
 
-            committed = self._commit(request, [*draft.tokens[: decision.accepted], decision.token])
-            accepted = min(decision.accepted, committed)
-            bonus = int(committed == decision.accepted + 1)
+            committed = self._commit(request, [*draft.tokens[: verdict.accepted], verdict.token])
+            accepted = min(verdict.accepted, committed)
+            bonus = int(committed == verdict.accepted + 1)
             stats.observe(len(draft.tokens), accepted, bonus, t1 - t0, t2 - t1)
-            if not draft.tokens:
-                self._update_step_estimate(t2 - t1)
+            if governor is not None:
+                # The rule's own verdicts, not the committed count: a stop inside the kept
+                # prefix says nothing about the drafter.
+                governor.observe(len(draft.tokens), verdict.accepted, t1 - t0, t2 - t1)
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 request.drafter.observe(context, accepted)
@@ -285,18 +305,53 @@ class Engine:
                 return count
         return len(tokens)
 
-    def _calibrate(self, context: list[int]) -> None:
-        """Time a few plain steps on the pending token, then undo them."""
-        times = []
-        for _ in range(CALIBRATION_STEPS):
-            start = time.perf_counter()
-            self.target.verify([context[-1]])
-            times.append(time.perf_counter() - start)
-            self.target.rollback(len(context) - 1)
-        self.step_seconds = float(np.median(times))
+    def _governor(self, request: _Request) -> Governor | None:
+        """Calibrate costs once per drafter; a governor for ``k="auto"`` requests."""
+        name = request.drafter.name
+        k_max = request.k_max if request.k == AUTO else int(request.k)
+        calibrated = self._calibrated_costs.get(name)
+        if calibrated is None or max(calibrated.verify_seconds) < k_max + 1:
+            calibrated = self._calibrate(request, k_max)
+            self._calibrated_costs[name] = calibrated
+            self._live_costs[name] = copy.deepcopy(calibrated)
+        live = self._live_costs[name]
+        request.stats.reference_step_seconds = live.verify(1)
+        if request.k != AUTO:
+            return None
+        # A seeded sampled request must get the same k schedule every time: frozen costs.
+        reproducible = request.params.seed is not None and not request.params.greedy
+        governor = Governor(k_max, calibrated if reproducible else live, adapt_costs=not reproducible)
+        request.governor = governor
+        return governor
 
-    def _update_step_estimate(self, seconds: float) -> None:
-        if self.step_seconds is None:
-            self.step_seconds = seconds
-        else:
-            self.step_seconds += STEP_EMA * (seconds - self.step_seconds)
+    def _calibrate(self, request: _Request, k_max: int) -> CostModel:
+        """Time verify passes of 1..k_max + 1 rows on the pending token, and the drafter."""
+        costs = CostModel()
+        context, target = request.context, self.target
+        pending = len(context) - 1
+        rows_up_to = min(k_max + 1, target.context_length - pending)
+        scratch = np.random.default_rng(0)  # never the request's RNG
+        prompt, params = request.prompt_ids, request.params
+        for rows in range(1, rows_up_to + 1):
+            times = []
+            drafts = [context[-1]] * (rows - 1)
+            for _ in range(CALIBRATION_REPEATS):
+                # A whole round's decide path: forward pass, final distributions, the rule.
+                start = time.perf_counter()
+                logits = target.verify([context[-1], *drafts])
+                probs = final_distributions(logits, params, prompt, context[len(prompt) :], drafts)
+                accept_chain(probs, np.asarray(drafts, dtype=np.int64), None, scratch.random(2 * rows - 1))
+                times.append(time.perf_counter() - start)
+                target.rollback(pending)
+            costs.verify_seconds[rows] = float(np.median(times))
+        if k_max > 0:
+            start = time.perf_counter()
+            offered = len(request.drafter.propose(context, min(PROBE_K, k_max), scratch).tokens)
+            costs.draft_seconds_per_token = (time.perf_counter() - start) / offered if offered else 0.0
+            request.drafter.observe(context, 0)
+        return costs
+
+    def _finish_costs(self, request: _Request) -> None:
+        governor = request.governor
+        if governor is not None and governor.adapt_costs:
+            self._live_costs[request.drafter.name] = governor.costs

@@ -42,8 +42,9 @@ def acceptance_rate(accepted: int, offered: int) -> float:
 def per_position_acceptance(accepted: Sequence[int], offered: Sequence[int]) -> list[float]:
     """accepted at draft position i / offered at position i, for each position i.
 
-    Position i is only offered when the positions before it survived, so this is the
-    acceptance at i *given* the chain reached i.
+    A draft at position i is kept only when every draft before it was, so this is the
+    chance that a round offering position i keeps at least i + 1 drafts; it falls with i.
+    (The acceptance at i *given* the chain reached i is the ratio of consecutive values.)
     """
     if len(accepted) != len(offered):
         raise ValueError(f"{len(accepted)} accepted counts for {len(offered)} offered counts")
@@ -115,22 +116,26 @@ def _check_probability(value: float) -> None:
         raise ValueError(f"an acceptance probability must lie in [0, 1], got {value}")
 
 
-def expected_tokens_for_rounds(k_histogram: Mapping[int, int], acceptance_by_position: Sequence[float]) -> float:
-    """Tokens the theory expects from rounds of the given sizes (``{offered: rounds}``) when
-    draft i survives with probability ``acceptance_by_position[i]`` given the ones before it.
+def expected_tokens_for_rounds(k_histogram: Mapping[int, int], per_position: Sequence[float]) -> float:
+    """Tokens expected from rounds of the given sizes (``{offered: rounds}``) with the given
+    per-position acceptance (``per_position_acceptance``: position i kept in that share of
+    the rounds offering it).
 
-    A round offering k drafts expects ``expected_tokens_positional(a[:k])``; a plain round, 1.
+    A round offering k drafts keeps on average the sum of the first k shares, plus its bonus:
+    ``1 + per_position[0] + ... + per_position[k - 1]``; a plain round yields 1.
     """
     total = 0.0
     for k, count in k_histogram.items():
-        if k > len(acceptance_by_position):
-            raise ValueError(f"rounds of {k} drafts but acceptance known for {len(acceptance_by_position)} positions")
-        total += count * expected_tokens_positional(acceptance_by_position[:k])
+        if k > len(per_position):
+            raise ValueError(f"rounds of {k} drafts but acceptance known for {len(per_position)} positions")
+        for share in per_position[:k]:
+            _check_probability(share)
+        total += count * (1.0 + sum(per_position[:k]))
     return total
 
 
 def predicted_speedup_for_rounds(
-    k_histogram: Mapping[int, int], acceptance_by_position: Sequence[float], cost_steps: float
+    k_histogram: Mapping[int, int], per_position: Sequence[float], cost_steps: float
 ) -> float:
     """Predicted speed-up over plain decoding for a measured mix of rounds.
 
@@ -141,4 +146,4 @@ def predicted_speedup_for_rounds(
     plain = k_histogram.get(0, 0)
     drafted = sum(count for k, count in k_histogram.items() if k > 0)
     steps = plain + drafted * cost_steps
-    return _ratio(expected_tokens_for_rounds(k_histogram, acceptance_by_position), steps)
+    return _ratio(expected_tokens_for_rounds(k_histogram, per_position), steps)

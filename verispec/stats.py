@@ -35,6 +35,17 @@ class RequestStats:
     # A plain step's time measured elsewhere (the engine's running estimate), used for
     # ``cost_steps`` when this request ran no plain round of its own.
     reference_step_seconds: float | None = None
+    # The economics governor's decisions (empty with a fixed k): k chosen per round, rounds
+    # it chose to decode plainly, and re-probes after a back-off.
+    k_chosen_histogram: dict[int, int] = field(default_factory=dict)
+    governor_plain_rounds: int = 0
+    governor_probes: int = 0
+
+    def observe_choice(self, k: int, probe: bool) -> None:
+        """Count the k a governor chose for the coming round (0: decode plainly)."""
+        self.k_chosen_histogram[k] = self.k_chosen_histogram.get(k, 0) + 1
+        self.governor_plain_rounds += int(k == 0)
+        self.governor_probes += int(probe)
 
     def observe(self, offered: int, accepted: int, bonus: int, draft_seconds: float, verify_seconds: float) -> None:
         """Count one round: ``offered`` drafts, the ``accepted`` prefix kept, ``bonus`` 0 or 1."""
@@ -134,6 +145,9 @@ class RequestStats:
             "bonus_shortfall": self.bonus_shortfall,
             "k_histogram": {str(k): n for k, n in sorted(self.k_histogram.items())},
             "plain_rounds": self.plain_rounds,
+            "k_chosen_histogram": {str(k): n for k, n in sorted(self.k_chosen_histogram.items())},
+            "governor_plain_rounds": self.governor_plain_rounds,
+            "governor_probes": self.governor_probes,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "plain_seconds": self.plain_seconds,

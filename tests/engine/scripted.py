@@ -57,3 +57,18 @@ class GreedyButReportsSoftmax(ModelDrafter):
                 row = self.draft.verify([token])[-1]
                 self.cached.append(token)
         return Draft(tokens=tokens, probs=np.stack(rows))
+
+
+class AlwaysWrongDrafter(ScriptDrafter):
+    """Proposes, at greedy, tokens that differ from the target's own continuation."""
+
+    name = "always-wrong"
+
+    def __init__(self, script, vocab_size: int) -> None:
+        super().__init__(script)
+        self.vocab_size = vocab_size
+
+    def propose(self, context, k, rng) -> Draft:
+        n = len(context)
+        right = self.script[n : n + k]
+        return Draft(tokens=[(t + 1) % self.vocab_size for t in right])

@@ -84,7 +84,8 @@ def compare(counts, law, runs=N_RUNS):
     return pvalue, deviation, int(big.sum())
 
 
-@pytest.mark.parametrize(("drafter", "k"), [("lookup", 3), ("model", 3), ("none", 0)])
+# ("lookup", "auto") runs the same test with the economics governor choosing k.
+@pytest.mark.parametrize(("drafter", "k"), [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto")])
 def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k):
     counts, offered, accepted = run_engine(tiny_engine, drafter, k)
     pvalue, deviation, cells = compare(counts, exact_law)

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from verispec.cli_args import k_value
+
 DEFAULT_CONFIGS = ["none", "lookup", "hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup"]
 
 
@@ -19,7 +21,7 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or > 0 with fixed seeds")
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--k", type=int, default=4, help="default draft tokens per round for verispec configs")
+    bench.add_argument("--k", type=k_value, default="auto", help="default k of verispec configs: auto or a number")
     bench.add_argument("--configs", nargs="*", default=DEFAULT_CONFIGS, help="e.g. none lookup:k=8 hf-generate")
     bench.add_argument("--model", default=None)
     bench.add_argument("--dtype", default="auto")

@@ -7,8 +7,8 @@ NAME is a verispec drafter (``none``, ``lookup``, ``model``, ...) or a peer base
 - ``llama.cpp``, ``llama.cpp-lookup``: llama-cpp-python plain and with its prompt-lookup
   drafter (option ``n``), when llama-cpp-python is installed.
 
-Options of verispec configurations: ``k`` (draft tokens per round), ``dtype``.
-Examples: ``none``, ``lookup:k=8``, ``lookup:k=4,dtype=float32``, ``hf-prompt-lookup:n=10``.
+Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a number), ``dtype``.
+Examples: ``none``, ``lookup:k=8``, ``lookup:k=auto,dtype=float32``, ``hf-prompt-lookup:n=10``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ class BenchConfig:
     @property
     def is_baseline(self) -> bool:
         return self.name == BASELINE and not self.options.get("dtype")
+
+    def k_option(self, default: int | str) -> int | str:
+        """Drafts per round: "auto" (the economics governor) or a fixed number."""
+        return "auto" if self.options.get("k") == "auto" else self.int_option("k", default)  # type: ignore[arg-type]
 
     def int_option(self, key: str, default: int) -> int:
         value = self.options.get(key)
@@ -72,7 +76,7 @@ def parse_config(text: str, drafters: list[str]) -> BenchConfig:
     if unknown:
         raise BenchConfigError(f"{text!r}: unknown option(s) {unknown}; {name} takes {sorted(allowed)}")
     config = BenchConfig(label=text.strip(), name=name, options=options)
-    config.int_option("k", 0)
+    config.k_option(0)
     config.int_option("n", 0)
     return config
 

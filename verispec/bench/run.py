@@ -33,12 +33,12 @@ class BenchSettings:
     max_tokens: int
     temperature: float
     seed: int
-    default_k: int
+    default_k: int | str
     prompts_file: str
 
 
 def build_runners(
-    configs: list[BenchConfig], engines: Callable[[str | None], Any], gguf_path: str | None, default_k: int
+    configs: list[BenchConfig], engines: Callable[[str | None], Any], gguf_path: str | None, default_k: int | str
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Runners by label, and the reasons of those skipped. ``engines(dtype)`` gives a
     (cached) verispec engine for a dtype, whose model the transformers peers share."""

@@ -1,0 +1,95 @@
+"""The economics governor with a simulated clock and scripted acceptance, then in the engine."""
+
+import numpy as np
+import pytest
+
+from tests.engine.scripted import AlwaysWrongDrafter
+from verispec import rounds
+from verispec.governor import ALWAYS_WRONG_BOUND, CostModel, Governor
+
+
+def costs(step=1.0, per_row=0.08, draft=0.02, k_max=8):
+    return CostModel({m: step + per_row * (m - 1) for m in range(1, k_max + 2)}, draft)
+
+
+def theory_best(a, model, k_max):
+    speeds = {0: 1.0}
+    for k in range(1, k_max + 1):
+        speeds[k] = rounds.expected_tokens_per_round(a, k) / model.round_steps(k)
+    return max(speeds, key=speeds.get), speeds
+
+
+def simulate(governor, acceptance, n_rounds, rng, model):
+    """Run rounds against a drafter right with probability ``acceptance`` at every position."""
+    chosen = []
+    for _ in range(n_rounds):
+        k = governor.next_k().k
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        governor.observe(k, accepted, k * model.draft_seconds_per_token, model.verify(k + 1))
+        chosen.append(k)
+    return chosen
+
+
+@pytest.mark.parametrize("acceptance", [0.95, 0.8, 0.6, 0.4])
+def test_picks_the_k_the_theory_says_is_best_within_one_step(acceptance):
+    model = costs()
+    best, speeds = theory_best(acceptance, model, 8)
+    governor = Governor(8, model, adapt_costs=False)
+    chosen = simulate(governor, acceptance, 600, np.random.default_rng(1), model)
+    typical = int(np.median(chosen[100:]))
+    print(f"\n  acceptance {acceptance}: theory best k {best} ({speeds[best]:.2f}x), governor median k {typical}")
+    assert abs(typical - best) <= 1
+
+
+def test_switches_off_when_nothing_pays_and_back_on_when_acceptance_returns():
+    model = costs(per_row=0.3, draft=0.05)  # expensive rounds
+    governor = Governor(8, model, adapt_costs=False)
+    rng = np.random.default_rng(2)
+    good = simulate(governor, 0.9, 100, rng, model)
+    bad = simulate(governor, 0.02, 200, rng, model)
+    back = simulate(governor, 0.9, 150, rng, model)
+    assert np.mean([k > 0 for k in good[20:]]) > 0.9
+    assert np.mean([k == 0 for k in bad[50:]]) > 0.9  # drafting off, up to the re-probes
+    assert np.mean([k > 0 for k in back[-50:]]) > 0.9  # noticed the change, drafting again
+    assert governor.probes > 0
+
+
+def test_always_wrong_drafter_is_bounded_even_when_verifying_is_free():
+    model = CostModel({m: 1.0 for m in range(1, 10)}, 0.0)  # extra rows cost nothing
+    governor = Governor(8, model, adapt_costs=False)
+    drafted = sum(k > 0 for k in simulate(governor, 0.0, 100, np.random.default_rng(3), model))
+    print(f"\n  always-wrong drafter, free verification: {drafted} drafted rounds in 100 (bound {ALWAYS_WRONG_BOUND})")
+    assert drafted <= ALWAYS_WRONG_BOUND
+
+
+def test_costs_interpolate_and_floor_at_one_step():
+    model = CostModel({1: 0.010, 3: 0.014, 5: 0.018}, 0.0)
+    assert model.verify(2) == pytest.approx(0.012)
+    assert model.verify(9) == pytest.approx(0.026)  # along the last two sizes
+    noisy = CostModel({1: 0.010, 2: 0.009}, 0.0)
+    assert noisy.round_steps(1) == 1.0
+    with pytest.raises(ValueError, match="plain step"):
+        Governor(4, CostModel())
+
+
+@pytest.mark.parametrize("prompt", ["the cat sat on the mat. the cat sat", "abc abc abc abc ab"])
+def test_engine_with_an_always_wrong_drafter_is_bounded_and_output_unchanged(tiny_engine, prompt):
+    plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=100)
+    wrong = AlwaysWrongDrafter(tiny_engine.encode(prompt) + plain.token_ids, tiny_engine.target.vocab_size)
+    result = tiny_engine.generate(prompt, drafter=wrong, k="auto", temperature=0, max_tokens=100)
+    assert result.token_ids == plain.token_ids
+    drafted = result.stats.rounds - result.stats.plain_rounds
+    assert result.stats.accepted == 0
+    print(f"\n  engine, always-wrong drafter, k=auto: {drafted} drafted rounds in 100 tokens")
+    assert drafted <= ALWAYS_WRONG_BOUND
+    assert sum(result.stats.k_chosen_histogram.values()) == result.stats.rounds
+
+
+def test_governed_decisions_are_visible_in_stats(tiny_engine):
+    result = tiny_engine.generate("abc abc abc abc ab", drafter="lookup", k="auto", temperature=0, max_tokens=40)
+    record = result.stats.as_dict()
+    assert sum(record["k_chosen_histogram"].values()) == record["rounds"]
+    assert {"governor_plain_rounds", "governor_probes", "cost_steps"} <= set(record)
+    assert result.k == "auto"

@@ -1,0 +1,175 @@
+"""The economics governor: how many tokens to draft in the next round (0 = a plain step).
+
+A round with k drafts costs ``k c + r(k + 1)`` seconds, where ``c`` is the drafter's time
+per proposed token and ``r(m)`` the verify time of m rows, and is expected to yield
+``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`` tokens, where ``a_i`` is the acceptance at
+draft position i given the chain reached it (rounds.expected_tokens_positional). Plain
+decoding yields 1 token per ``r(1)``. Before each round the governor picks the k in
+[0, k_max] with the most predicted tokens per second; drafting pays when that beats plain.
+
+When nothing pays it decodes plainly for a back-off period, then probes with a small k; the
+period doubles each time a probe still does not pay and resets when one does, so a workload
+that changes mid-request is noticed at a cost bounded by the probes.
+
+The governor only decides how many tokens are drafted. The acceptance rule, and so the
+output distribution, is untouched.
+
+Costs: ``CostModel`` keeps r(m) and c as running means. An engine keeps one per drafter,
+calibrated once and refined by every request; a request uses a snapshot of it. Requests
+that promise a reproducible sampled output (a seed and temperature > 0) use the snapshot
+as it was calibrated and leave it frozen, because their k schedule, and with it which
+uniforms the rule reads, must not depend on timing noise.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from verispec import rounds
+
+ACCEPT_EMA = 0.2  # weight of the newest round in the acceptance estimates (~5-round memory)
+COST_EMA = 0.25  # weight of the newest timing in the cost estimates
+PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
+# Draft only when the predicted speed-up clears plain decoding by this factor: the margin
+# absorbs estimation noise, and it bounds the rounds an always-wrong drafter gets even when
+# verifying extra rows is almost free (see ALWAYS_WRONG_BOUND).
+MIN_GAIN = 1.03
+FIRST_BACKOFF = 4  # plain rounds before the first re-probe
+MAX_BACKOFF = 64
+PROBE_K = 2
+PROBE_EMA = 0.5  # a probe is fresh evidence after a pause: it moves the estimates more
+# Drafted rounds per 100 tokens an always-wrong drafter can cost, whatever the costs:
+# the estimate falls from 0.5 by a factor 0.8 a round and stops paying below MIN_GAIN - 1
+# = 0.03 after at most 13 rounds; then probes come after 4, 8, 16, 32, 64 plain rounds,
+# 4 of them within the first 100 tokens. 13 + 4 = 17.
+ALWAYS_WRONG_BOUND = 17
+
+
+@dataclass
+class CostModel:
+    """Verify seconds by number of rows, and the drafter's seconds per proposed token."""
+
+    verify_seconds: dict[int, float] = field(default_factory=dict)
+    draft_seconds_per_token: float = 0.0
+
+    @property
+    def known(self) -> bool:
+        return 1 in self.verify_seconds
+
+    def verify(self, rows: int) -> float:
+        """r(rows): measured, else linear through the nearest measured sizes, else r(1)."""
+        table = self.verify_seconds
+        if rows in table:
+            return table[rows]
+        sizes = sorted(table)
+        if not sizes:
+            raise ValueError("no verify time measured yet")
+        below = [m for m in sizes if m < rows]
+        above = [m for m in sizes if m > rows]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            return table[lo] + (table[hi] - table[lo]) * (rows - lo) / (hi - lo)
+        if len(sizes) >= 2:  # extrapolate along the last two measured sizes, never below them
+            lo, hi = (sizes[-2], sizes[-1]) if below else (sizes[0], sizes[1])
+            slope = max(0.0, (table[hi] - table[lo]) / (hi - lo))
+            anchor = hi if below else lo
+            return table[anchor] + slope * (rows - anchor)
+        return table[sizes[0]]
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        old = self.verify_seconds.get(rows)
+        self.verify_seconds[rows] = seconds if old is None else old + COST_EMA * (seconds - old)
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            per_token = seconds / tokens
+            self.draft_seconds_per_token += COST_EMA * (per_token - self.draft_seconds_per_token)
+
+    def round_steps(self, k: int) -> float:
+        """Cost of a round of k drafts in plain decode steps; never below one step, which
+        it contains (timing noise can make a measured r(2) undercut r(1))."""
+        seconds = rounds.round_cost_steps(k, self.draft_seconds_per_token, self.verify(k + 1))
+        return max(1.0, seconds / self.verify(1))
+
+
+@dataclass
+class Decision:
+    k: int
+    predicted_speedup: float  # over plain decoding; 1.0 for a plain step
+    probe: bool = False
+
+
+class Governor:
+    """Per-request: chooses k before each round, observes what the round did."""
+
+    def __init__(self, k_max: int, costs: CostModel, adapt_costs: bool = True) -> None:
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max}")
+        if not costs.known:
+            raise ValueError("the governor needs at least a plain step's time (calibrate first)")
+        self.k_max = k_max
+        self.costs = copy.deepcopy(costs)
+        self.adapt_costs = adapt_costs
+        self.acceptance: list[float] = []  # moving estimate per draft position
+        self.backoff = FIRST_BACKOFF
+        self.plain_left = 0  # plain rounds left in the current back-off
+        self.probing = False
+        self.last_was_probe = False
+        self.plain_by_governor = 0
+        self.probes = 0
+
+    def expected_acceptance(self, k: int) -> list[float]:
+        known = self.acceptance[:k]
+        return known + [known[-1] if known else PRIOR_ACCEPTANCE] * (k - len(known))
+
+    def best(self) -> Decision:
+        """The k with the most predicted tokens per unit time, by the theory."""
+        best = Decision(0, 1.0)
+        for k in range(1, self.k_max + 1):
+            speed = rounds.expected_tokens_positional(self.expected_acceptance(k)) / self.costs.round_steps(k)
+            if speed > best.predicted_speedup:
+                best = Decision(k, speed)
+        return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
+
+    def next_k(self) -> Decision:
+        if self.plain_left > 0:
+            self.plain_left -= 1
+            self.plain_by_governor += 1
+            if self.plain_left == 0:
+                self.probing = True
+            return Decision(0, 1.0)
+        if self.probing:
+            self.probing = False
+            self.last_was_probe = True
+            self.probes += 1
+            return Decision(min(PROBE_K, self.k_max), 0.0, probe=True)
+        decision = self.best()
+        if decision.k == 0 and self.k_max > 0:
+            # Nothing pays: decode plainly for a while, then probe again.
+            self.plain_left = self.backoff - 1
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            self.plain_by_governor += 1
+            if self.plain_left == 0:
+                self.probing = True
+        elif decision.k > 0:
+            self.backoff = FIRST_BACKOFF
+        return decision
+
+    def observe(self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """What the round did: drafts offered, the accepted prefix, and its timings."""
+        weight = PROBE_EMA if self.last_was_probe else ACCEPT_EMA
+        if self.last_was_probe and accepted > 0:
+            self.backoff = FIRST_BACKOFF  # the workload may have changed: look again soon
+        self.last_was_probe = False
+        # Positions up to the first rejection were examined; later ones never were.
+        for i in range(min(accepted + 1, offered)):
+            hit = 1.0 if i < accepted else 0.0
+            if i < len(self.acceptance):
+                self.acceptance[i] += weight * (hit - self.acceptance[i])
+            else:
+                # First sight of this position: start from the prior, moved by the observation.
+                self.acceptance.append(PRIOR_ACCEPTANCE + weight * (hit - PRIOR_ACCEPTANCE))
+        if self.adapt_costs:
+            self.costs.observe_verify(offered + 1, verify_seconds)
+            self.costs.observe_draft(offered, draft_seconds)
