@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from verispec.targets import batch_invariant
 from verispec.targets.base import Logits, TargetError
 
 PREFILL_CHUNK = 512  # prompt tokens per forward pass while prefilling
@@ -63,11 +64,14 @@ def parse_dtype(name: str | None, device: str) -> torch.dtype:
 class TorchTarget:
     """A transformers causal LM as a verispec Target.
 
-    model: an ``AutoModelForCausalLM`` instance; eos_token_ids: ids that end a sequence
-    (taken from the model's generation config when not given).
+    model: an ``AutoModelForCausalLM`` instance (patched in place when ``exact``);
+    eos_token_ids: ids that end a sequence (taken from the model's generation config when
+    not given); exact: make verify rows bit-identical to single steps (default: on the CPU).
     """
 
-    def __init__(self, model: Any, name: str = "model", eos_token_ids: Sequence[int] | None = None) -> None:
+    def __init__(
+        self, model: Any, name: str = "model", eos_token_ids: Sequence[int] | None = None, exact: bool | None = None
+    ) -> None:
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -75,6 +79,14 @@ class TorchTarget:
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads())
+        # exact: verify rows bit-identical to single decode steps (see batch_invariant.py).
+        # Default: on where it can be done (the CPU with oneDNN).
+        can_be_exact = self.device.type == "cpu" and batch_invariant.available()
+        if exact and not can_be_exact:
+            raise TargetError("exact verify is implemented for the CPU with oneDNN only")
+        self.exact = can_be_exact if exact is None else exact
+        if self.exact:
+            batch_invariant.make_batch_invariant(model)
         self._cache_type = DynamicCache
         self._cache = DynamicCache(config=model.config)
         self._length = 0
@@ -124,7 +136,8 @@ class TorchTarget:
             raise TargetError(
                 f"{self.name}: {self._length + len(token_ids)} positions exceed the context {self._context}"
             )
-        logits = self._forward(list(token_ids), keep_logits=True)
+        with batch_invariant.verify_block():
+            logits = self._forward(list(token_ids), keep_logits=True)
         out: Logits = logits.float().cpu().numpy()
         return out
 
