@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.bench.cli import add_bench_parser
 
     add_bench_parser(commands)
+    from verispec.server.cli import add_serve_parser
+
+    add_serve_parser(commands)
     return parser
 
 

@@ -1,0 +1,65 @@
+"""Time of a verify pass by number of rows, per dtype and exact/stock mode, interleaved.
+
+The cost side of speculation: a round verifying k drafts costs r(k + 1) / r(1) plain steps.
+Loads the model once per configuration, builds a cache of ``--context`` tokens, then for
+``--repeats`` rounds times every configuration at every row count in turn (interleaved, so
+machine drift hits all alike) and reports medians.
+
+    .venv/bin/python benchmarks/verify_cost.py --configs float32:exact bfloat16:exact float32:stock
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from verispec import models
+from verispec.targets.torch_target import TorchTarget, parse_dtype
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument(
+        "--configs", nargs="*", default=["float32:exact", "bfloat16:exact", "float32:stock", "bfloat16:stock"]
+    )
+    parser.add_argument("--rows", nargs="*", type=int, default=[1, 2, 3, 5, 9])
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+
+    targets = {}
+    for config in args.configs:
+        dtype_name, _, mode = config.partition(":")
+        loaded = models.load(args.model, dtype=parse_dtype(dtype_name, "cpu"))
+        target = TorchTarget(loaded.model, name=config, exact=mode == "exact")
+        ids = loaded.tokenizer("The history of the city begins with a small settlement on the river. " * 20)[
+            "input_ids"
+        ]
+        target.prefill(ids[: args.context])
+        targets[config] = target
+    times: dict[tuple[str, int], list[float]] = {(c, m): [] for c in targets for m in args.rows}
+    for repeat in range(args.repeats + 3):
+        for config, target in targets.items():
+            for rows in args.rows:
+                start = time.perf_counter()
+                target.verify([42] * rows)
+                elapsed = time.perf_counter() - start
+                target.rollback(args.context)
+                if repeat >= 3:  # warm-up
+                    times[(config, rows)].append(elapsed)
+    base = statistics.median(times[(args.configs[0], 1)])
+    print(
+        f"median ms per verify pass, cache of {args.context} tokens, {args.repeats} repeats; "
+        f"(x) relative to the same configuration's single row, [x] to {args.configs[0]} single row"
+    )
+    for config in targets:
+        one = statistics.median(times[(config, 1)])
+        medians = {m: statistics.median(times[(config, m)]) for m in args.rows}
+        cells = [f"M{m}={medians[m] * 1e3:6.1f}ms ({medians[m] / one:.2f}x)" for m in args.rows]
+        print(f"{config:<16} {'  '.join(cells)}  [{one / base:.2f}x]")
+
+
+if __name__ == "__main__":
+    main()

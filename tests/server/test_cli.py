@@ -1,0 +1,32 @@
+"""``verispec serve`` refuses what it cannot run before it listens."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.cli import build_parser, main
+
+
+def test_defaults():
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "torch")
+    assert args.cors_origin == [] and args.max_queue == 64
+
+
+def test_k_is_a_number_or_auto():
+    assert build_parser().parse_args(["serve", "--k", "3"]).k == 3
+    assert build_parser().parse_args(["serve", "--k", "auto"]).k == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--k", "-1"])
+
+
+def test_api_key_from_the_environment(monkeypatch):
+    monkeypatch.setenv("VERISPEC_API_KEY", "from-env")
+    assert build_parser().parse_args(["serve"]).api_key == "from-env"
+
+
+def test_unknown_backend_and_missing_model_fail_fast(capsys):
+    assert main(["serve", "--backend", "llama.cpp"]) == 2
+    assert "backend 'llama.cpp' is not available" in capsys.readouterr().err
+    assert main(["serve", "--model", "/no/such/model.gguf"]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,168 @@
+"""Concurrency, the admission queue, and clients that leave mid-stream."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.server.harness import ServerProcess, assert_clean_shutdown, assert_error_shape, sse_events
+
+# Greedy, plain decoding and no max_tokens: runs to the end of the 4096-token context
+# (seconds), so a request that is not aborted is noticed.
+LONG = {"prompt": "hello world", "temperature": 0, "stream": True, "speculative": {"drafter": "none", "k": 0}}
+ABORTED = ("verispec_generations_total", (("outcome", "aborted"),))
+
+
+@pytest.fixture(scope="module")
+def queued(chat_dir, tmp_path_factory):
+    """A server that admits one waiting request besides the running one."""
+    log = tmp_path_factory.mktemp("logs") / "queued.log"
+    process = ServerProcess(chat_dir, log, "--max-queue", "1")
+    try:
+        yield process.wait_ready()
+    finally:
+        status = process.terminate()
+    assert_clean_shutdown(process, status)
+
+
+def first_token(lines: Iterator[str]) -> str:
+    """Read a completions stream's lines up to its first piece of text.
+
+    The caller keeps ``lines`` alive: dropping a half-read httpx iterator closes the
+    connection, which is a disconnect."""
+    for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            text = json.loads(line[6:])["choices"][0]["text"]
+            if text:
+                return text
+    raise AssertionError("the stream ended without text")
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.02) -> float:
+    """Seconds until ``condition()`` held; fails past ``timeout``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+def stream_text(url: str, body: dict) -> tuple[str, int]:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+    return text, events[-2]["usage"]["completion_tokens"]
+
+
+@pytest.mark.slow
+def test_concurrent_seeded_streams_equal_the_same_requests_alone(server):
+    bodies = [
+        {
+            "model": server.model,
+            "prompt": f"request {i}: the quick brown fox",
+            "max_tokens": 24,
+            "temperature": 0.9,
+            "top_p": 0.95,
+            "seed": 1000 + i,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        for i in range(16)
+    ]
+    alone = [stream_text(server.url, body) for body in bodies]
+    together: list[tuple[str, int] | None] = [None] * len(bodies)
+    barrier = threading.Barrier(len(bodies))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        together[i] = stream_text(server.url, bodies[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert together == alone
+    assert len({text for text, _ in alone}) > 1  # the seeds did make different outputs
+
+
+def test_queue_full_gives_429_with_retry_after(queued):
+    url = queued.url + "/v1/completions"
+    waiting: list[httpx.Response] = []
+    with httpx.stream("POST", url, json={"model": queued.model, **LONG}, timeout=60) as running:
+        lines = running.iter_lines()
+        first_token(lines)
+        thread = threading.Thread(
+            target=lambda: waiting.append(
+                httpx.post(url, json={"model": queued.model, "prompt": "abc", "max_tokens": 2}, timeout=60)
+            )
+        )
+        thread.start()
+        wait_for(lambda: queued.gauge("verispec_queue_depth") == 1)
+        refused = httpx.post(url, json={"model": queued.model, "prompt": "abc", "max_tokens": 2}, timeout=60)
+        error = assert_error_shape(refused, 429)
+        assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert queued.gauge("verispec_running_requests") == 1
+        del lines
+    # Leaving the stream aborts the running request; the waiting one then runs.
+    thread.join(30)
+    assert waiting and waiting[0].status_code == 200
+
+
+@pytest.mark.slow
+def test_fifty_streams_closed_after_their_first_token(queued):
+    url = queued.url + "/v1/completions"
+    aborted_before = queued.metrics().get(ABORTED, 0.0)
+    slowest = 0.0
+    with httpx.Client(timeout=60) as client:
+        for _ in range(50):
+            with client.stream("POST", url, json={"model": queued.model, **LONG}) as response:
+                assert response.status_code == 200
+                lines = response.iter_lines()
+                first_token(lines)
+            # The slot is free again soon after the client leaves.
+            slowest = max(slowest, wait_for(lambda: queued.gauge("verispec_running_requests") == 0))
+    assert slowest < 1.0, f"a closed stream kept its slot for {slowest:.2f} s"
+    samples = queued.metrics()
+    assert samples[("verispec_running_requests", ())] == 0
+    assert samples[("verispec_queue_depth", ())] == 0
+    assert samples[ABORTED] - aborted_before == 50
+    assert httpx.get(queued.url + "/health").status_code == 200
+    after = httpx.post(url, json={"model": queued.model, "prompt": "abc", "max_tokens": 5, "temperature": 0})
+    assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 5
+
+
+def raw_post(server, body: dict) -> socket.socket:
+    """Send a request on a bare socket (to hang up on it later without reading)."""
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
+    )
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(head.encode() + b"\r\n\r\n" + payload)
+    return sock
+
+
+def test_non_streaming_clients_that_leave_free_their_slot_and_their_place_in_the_queue(queued):
+    body = {"model": queued.model, **LONG, "stream": False}
+    aborted_before = queued.metrics().get(ABORTED, 0.0)
+    running = raw_post(queued, body)
+    wait_for(lambda: queued.gauge("verispec_running_requests") == 1)
+    waiting = raw_post(queued, body)
+    wait_for(lambda: queued.gauge("verispec_queue_depth") == 1)
+    waiting.close()
+    assert wait_for(lambda: queued.gauge("verispec_queue_depth") == 0) < 1.0
+    assert queued.gauge("verispec_running_requests") == 1
+    running.close()
+    assert wait_for(lambda: queued.gauge("verispec_running_requests") == 0) < 1.0
+    assert queued.metrics()[ABORTED] - aborted_before == 1  # the waiting one never started

@@ -1,0 +1,90 @@
+"""Start-up (503 while loading) and SIGTERM (drain, refuse new work with 503, exit 0)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.server.harness import ServerProcess, assert_error_shape
+
+# Greedy and plain decoding: long enough (seconds) to still be running when SIGTERM lands.
+LONG = {"prompt": "hello world", "temperature": 0, "stream": True, "speculative": {"drafter": "none", "k": 0}}
+
+
+def start(chat_dir, tmp_path, *options: str) -> ServerProcess:
+    return ServerProcess(chat_dir, tmp_path / "server.log", *options)
+
+
+def read_stream(lines) -> tuple[str, list]:
+    """The text and the events of the rest of a completions stream."""
+    events = [line[6:] for line in lines if line.startswith("data: ")]
+    payloads = [json.loads(e) for e in events if e != "[DONE]"]
+    text = "".join(p["choices"][0]["text"] for p in payloads if p.get("choices"))
+    return text, events
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(chat_dir, tmp_path):
+    server = start(chat_dir, tmp_path, "--drain-timeout", "60")
+    try:
+        server.wait_ready()
+        # The server listened before the model was ready, and said so.
+        assert server.health_seen[0] == 503 and server.health_seen[-1] == 200
+        body = {"model": server.model, **LONG, "max_tokens": 3000}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            server.process.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            # Still listening, but refusing: new requests and health get 503.
+            refused = httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=30)
+            assert assert_error_shape(refused, 503)["code"] == "server_draining"
+            assert_error_shape(httpx.get(server.url + "/v1/models", timeout=30), 503)
+            assert_error_shape(httpx.get(server.url + "/health", timeout=30), 503)
+            assert server.process.poll() is None
+            # The request in flight runs to its end.
+            _, events = read_stream(lines)
+        assert events[-1] == "[DONE]"
+        finish = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+        assert finish[-1] == "length"
+        assert server.process.wait(30) == 0
+    finally:
+        server.terminate()
+    assert "draining: 1 requests in flight" in server.log_path.read_text()
+
+
+@pytest.mark.slow
+def test_drain_timeout_aborts_what_is_left_and_still_exits_0(chat_dir, tmp_path):
+    server = start(chat_dir, tmp_path, "--drain-timeout", "1")
+    try:
+        server.wait_ready()
+        body = {"model": server.model, **LONG}  # no max_tokens: would run to the end of the context
+        start_time = time.monotonic()
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            server.process.send_signal(signal.SIGTERM)
+            _, events = read_stream(lines)
+        # The stream ends with an error event in the error shape, then [DONE].
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert last["error"]["code"] == "aborted"
+        assert server.process.wait(30) == 0
+        assert time.monotonic() - start_time < 15
+    finally:
+        server.terminate()
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_is_reported_and_the_process_exits_1(tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+    server = ServerProcess(broken, tmp_path / "server.log")
+    assert server.process.wait(120) == 1
+    log = server.log_path.read_text()
+    assert "the model failed to load" in log and "Traceback" not in log

@@ -1,0 +1,168 @@
+"""``verispec serve``: its options, and starting the app under uvicorn (see ``runner``)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from typing import Any
+
+API_KEY_ENV = "VERISPEC_API_KEY"
+BACKENDS = ("torch",)
+
+log = logging.getLogger("verispec.server")
+
+
+def _k_option(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"k must be an integer >= 0 or auto, got {text!r}") from error
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"k must be an integer >= 0, got {value}")
+    return value
+
+
+def _bounded_int(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from error
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from error
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    serve = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (completions, chat, streaming)")
+    model = serve.add_argument_group("model")
+    model.add_argument("--model", default=None, help="GGUF file, transformers directory or hub id (default: embedded)")
+    model.add_argument("--dtype", default="auto", help="auto (bf16 where native, else fp32), float32, bfloat16")
+    model.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    model.add_argument("--draft-model", default=None, help="draft model for --drafter model")
+    model.add_argument("--backend", default="torch", help="inference backend (only torch for now)")
+    spec = serve.add_argument_group("speculation (per-request defaults; requests may override)")
+    spec.add_argument("--drafter", default="lookup", help="lookup, model or none (default: lookup)")
+    spec.add_argument("--k", type=_k_option, default=None, help="draft tokens per round (default: the engine's)")
+    http = serve.add_argument_group("server")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
+    http.add_argument("--port", type=_bounded_int(0), default=8000, help="port (default: 8000)")
+    http.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})",
+    )
+    http.add_argument(
+        "--max-queue", type=_bounded_int(0), default=64, help="requests that may wait for the engine (default: 64)"
+    )
+    http.add_argument(
+        "--max-body-bytes", type=_bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"
+    )
+    http.add_argument(
+        "--drain-timeout", type=_seconds, default=30.0, help="on SIGTERM, seconds to let requests finish (default: 30)"
+    )
+    http.add_argument(
+        "--cors-origin", action="append", default=[], help="allow browser requests from this origin (repeatable)"
+    )
+    serve.set_defaults(run=run_serve)
+    return serve
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from verispec import models
+    from verispec.api import load_engine
+    from verispec.drafters.base import drafter_names
+    from verispec.server.app import ServerSettings, create_app
+    from verispec.server.runner import GRACEFUL_SHUTDOWN_SECONDS, DrainingServer
+
+    if args.backend not in BACKENDS:
+        print(
+            f"verispec: error: backend {args.backend!r} is not available; known: {', '.join(BACKENDS)}", file=sys.stderr
+        )
+        return 2
+    _configure_logging()
+    name = models.resolve(args.model).name  # fails fast on a model that cannot exist
+    if not _is_loopback(args.host) and not args.api_key:
+        log.warning("binding %s without --api-key: anyone who can reach this address can use the model", args.host)
+    settings = ServerSettings(
+        model_names=[name],
+        drafter=args.drafter,
+        k=args.k,
+        api_key=args.api_key or None,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        drain_timeout=args.drain_timeout,
+        cors_origins=list(args.cors_origin),
+        drafters=[d for d in drafter_names() if d != "model" or args.draft_model is not None],
+    )
+
+    def load() -> Any:
+        engine = load_engine(args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model)
+        options: dict[str, Any] = {"drafter": args.drafter}
+        if args.k is not None:
+            options["k"] = args.k
+        # One short request: checks the default drafter and k, and pays first-call costs now.
+        engine.generate(engine.encode("Hello", chat=False), max_tokens=2, temperature=0.0, **options)
+        return engine
+
+    failed: list[BaseException] = []
+    server: DrainingServer | None = None
+
+    def on_load_failure(error: BaseException) -> None:
+        failed.append(error)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, load, on_load_failure)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        server_header=False,
+    )
+    server = DrainingServer(config, app.state.verispec)
+    log.info("serving %s on http://%s:%d (loading the model in the background)", name, args.host, args.port)
+    server.run()
+    if failed:
+        print(f"verispec: error: the model failed to load: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("verispec")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

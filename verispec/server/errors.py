@@ -1,0 +1,140 @@
+"""The one error shape every failed response has: ``{"error": {message, type, param, code}}``.
+
+Everything that can fail (validation, routing, auth, limits, the engine) ends up as an
+``APIError`` or is turned into one here, so clients see a single shape for 4xx and 5xx.
+Messages are capped, and echoes of the request are truncated, so an error is never larger
+than a small constant, whatever was sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MAX_MESSAGE_CHARS = 400
+MAX_ECHO_CHARS = 40
+
+# The OpenAI "type" of an error, by status.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """A request that ends in an error response; ``headers`` go out with it (Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def truncate(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked when cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": truncate(message, MAX_MESSAGE_CHARS),
+            "type": type,
+            "param": None if param is None else truncate(param, MAX_ECHO_CHARS * 2),
+            "code": code,
+        }
+    }
+
+
+def error_bytes(error: APIError) -> bytes:
+    return json.dumps(error.body()).encode()
+
+
+# --- pydantic validation errors -> 400 ----------------------------------------------------
+
+
+def param_path(loc: Sequence[Any]) -> str | None:
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``; None for the body."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or None
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """One 400 for a list of pydantic/FastAPI errors, naming the first field at fault.
+
+    A value that matches no member of a union yields one error per member (their ``loc``
+    ends in the member's name); the field is their common prefix.
+    """
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = errors[0]
+    loc = tuple(first.get("loc", ()))
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    kind = str(first.get("type", ""))
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        position = f" at character {loc[0]}" if loc and isinstance(loc[0], int) else ""
+        return APIError(400, f"the request body is not valid JSON: {detail}{position}", code="invalid_json")
+    # Errors from the same field (a union's members) share a prefix; keep only that.
+    same_field = [tuple(e.get("loc", ())) for e in errors]
+    same_field = [(s[1:] if s and s[0] == "body" else s) for s in same_field]
+    same_field = [s for s in same_field if s[:1] == loc[:1]]
+    prefix = _common_prefix(same_field) if len(same_field) > 1 else loc
+    param = param_path(prefix)
+    if not param:
+        if kind == "missing":
+            return APIError(400, "the request body is missing: send a JSON object", code="invalid_body")
+        return APIError(400, "the request body must be a JSON object", code="invalid_body")
+    if kind == "missing":
+        message = f"{param}: a required field is missing"
+    elif len(same_field) > 1 and prefix != loc:
+        message = f"{param}: invalid type or value ({_message(first)})"
+    else:
+        message = f"{param}: {_message(first)}"
+    return APIError(400, message, param=param, code="invalid_value" if kind != "missing" else "missing_field")
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    text = str(error.get("msg", "invalid value"))
+    text = text[0].lower() + text[1:] if text else text
+    return truncate(text, 200)
+
+
+def _common_prefix(locs: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    prefix: list[Any] = []
+    for parts in zip(*locs, strict=False):
+        if all(p == parts[0] for p in parts):
+            prefix.append(parts[0])
+        else:
+            break
+    return tuple(prefix)
