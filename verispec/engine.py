@@ -77,7 +77,8 @@ class _Request:
 
 
 class GenerationStream:
-    """Iterates over text pieces as rounds commit them; ``result`` is set once it ends.
+    """Iterates over text pieces, one per round (empty when a round completed no character);
+    ``result`` is set once it ends.
 
     Closing it early (``close()`` or leaving a ``with`` block) ends the request, and the
     target's cache is reset in the engine's ``finally``.
@@ -283,9 +284,9 @@ class Engine:
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 request.drafter.observe(context, accepted)
-            piece = request.text.take(final=request.finish_reason is not None)
-            if piece:
-                yield piece
+            # One piece per round, empty when the round completed no character: a consumer
+            # gets control back every round (to notice a client that left, say).
+            yield request.text.take(final=request.finish_reason is not None)
         tail = request.text.take(final=True)
         if tail:
             yield tail

@@ -25,6 +25,11 @@ Probs = NDArray[np.float64]
 Ids = NDArray[np.int64]
 
 
+# Beyond these a penalty only overflows the logits; inside them it already saturates.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+
+
 class SamplingError(ValueError):
     """Base of the errors this module raises."""
 
@@ -46,8 +51,8 @@ class SamplingParams:
     """What a request asks of the sampler; validated on construction.
 
     temperature: 0 is greedy; top_k: 0 turns it off; top_p in (0, 1]; min_p in [0, 1]
-    (relative to the most likely token); repetition_penalty > 0 (1 is off; divides positive
-    and multiplies negative logits of every token seen in prompt or output);
+    (relative to the most likely token); repetition_penalty in [0.01, 100] (1 is off;
+    divides positive and multiplies negative logits of every token seen in prompt or output);
     presence_penalty, frequency_penalty in [-2, 2] (subtracted per output token seen, and
     per occurrence); seed: the per-request RNG's seed (None draws one); max_tokens >= 1;
     stop: strings that end the output (not included in it).
@@ -69,7 +74,7 @@ class SamplingParams:
         _integer(self, "top_k", low=0)
         _real(self, "top_p", low=0.0, low_open=True, high=1.0)
         _real(self, "min_p", low=0.0, high=1.0)
-        _real(self, "repetition_penalty", low=0.0, low_open=True)
+        _real(self, "repetition_penalty", low=MIN_REPETITION_PENALTY, high=MAX_REPETITION_PENALTY)
         _real(self, "presence_penalty", low=-2.0, high=2.0)
         _real(self, "frequency_penalty", low=-2.0, high=2.0)
         if self.seed is not None:
@@ -161,8 +166,11 @@ def _apply_penalties(
 
 
 def _filtered_softmax(row: Probs, params: SamplingParams) -> Probs:
-    scaled = row / params.temperature
-    probs = np.exp(scaled - scaled.max())  # -inf logits become exactly 0
+    # Shift before dividing: a tiny temperature then sends every non-maximal logit to -inf
+    # (probability 0) instead of overflowing to inf - inf = NaN.
+    with np.errstate(over="ignore"):  # overflow to -inf is the intended limit
+        scaled = (row - row.max()) / params.temperature
+    probs = np.exp(scaled)  # -inf logits become exactly 0
     vocab = probs.shape[0]
     if 0 < params.top_k < vocab:
         kth = np.partition(scaled, vocab - params.top_k)[vocab - params.top_k]

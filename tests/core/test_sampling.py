@@ -30,6 +30,8 @@ LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
         ({"min_p": -0.1}, "min_p"),
         ({"min_p": 1.1}, "min_p"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": 5e-324}, "repetition_penalty"),
+        ({"repetition_penalty": 1e3}, "repetition_penalty"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"seed": -1}, "seed"),
@@ -63,6 +65,14 @@ def test_greedy_is_one_hot_at_argmax_with_lowest_id_on_ties():
 def test_plain_softmax_with_temperature(temperature):
     probs = final_distribution(LOGITS, SamplingParams(temperature=temperature))
     np.testing.assert_allclose(probs, softmax(LOGITS / temperature), rtol=1e-12)
+
+
+def test_tiny_temperature_is_near_greedy_not_nan():
+    for temperature in (1e-300, 5e-324):
+        probs = final_distribution(LOGITS, SamplingParams(temperature=temperature))
+        np.testing.assert_array_equal(probs, [1, 0, 0, 0])
+    ties = final_distribution(np.array([1.0, 3.0, 3.0]), SamplingParams(temperature=1e-300))
+    np.testing.assert_array_equal(ties, [0, 0.5, 0.5])
 
 
 def test_top_k_keeps_the_k_largest():

@@ -183,9 +183,10 @@ class EngineWorker:
         start = time.perf_counter()
         pieces = 0
         try:
-            for piece in stream:
-                job.emit("piece", piece)
-                pieces += 1
+            for piece in stream:  # one piece per round, possibly empty
+                if piece:
+                    job.emit("piece", piece)
+                    pieces += 1
                 if job.cancelled.is_set():
                     break
         except NonFiniteLogitsError as error:

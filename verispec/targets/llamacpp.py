@@ -1,0 +1,160 @@
+"""The llama.cpp backend: GGUF models at native CPU speed, through llama-cpp-python.
+
+It uses the binding's low-level C API (``llama_cpp.llama_*``), not its high-level
+``Llama`` class: a verify pass is one ``llama_decode`` of k + 1 tokens, every row asking
+for logits, read straight from llama.cpp's output buffer (only those rows are copied);
+rollback removes the rejected tail from the KV memory with ``llama_memory_seq_rm``. The
+model is read from the GGUF file as it is (the embedded model stays Q4_1, no conversion).
+
+The binding compiles llama.cpp from source at install time (about 6 to 9 minutes here);
+it is installed by ``make install`` as the ``llamacpp`` extra.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from verispec.targets.base import Logits, TargetError
+
+DEFAULT_CONTEXT = 4096
+BATCH = 512  # tokens per llama_decode while prefilling
+
+
+def available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _quiet_logs(llama_cpp: Any) -> None:
+    # llama.cpp logs every load to stderr; keep errors only.
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level >= 4:  # GGML_LOG_LEVEL_ERROR
+            print(text.decode("utf-8", "replace"), end="")
+
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    _quiet_logs.callback = callback  # type: ignore[attr-defined]  # keep it alive
+
+
+class LlamaCppTarget:
+    """A GGUF model in a llama.cpp context, as a verispec Target."""
+
+    def __init__(self, path: str | Path, name: str | None = None, context: int | None = None, threads: int = 0):
+        try:
+            import llama_cpp
+        except ImportError as error:
+            raise TargetError(
+                "the llama.cpp backend needs llama-cpp-python (pip install 'verispec[llamacpp]')"
+            ) from error
+        from verispec.targets.torch_target import cpu_threads
+
+        self._lib = llama_cpp
+        self.name = name or Path(path).name
+        _quiet_logs(llama_cpp)
+        llama_cpp.llama_backend_init()
+        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), llama_cpp.llama_model_default_params())
+        if not model:
+            raise TargetError(f"llama.cpp could not load {path}")
+        self._model = model
+        trained = int(llama_cpp.llama_model_n_ctx_train(model))
+        self._context = min(context or DEFAULT_CONTEXT, trained) if trained > 0 else (context or DEFAULT_CONTEXT)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self._context
+        params.n_batch = params.n_ubatch = BATCH
+        params.n_threads = params.n_threads_batch = threads or cpu_threads()
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            raise TargetError(f"llama.cpp could not create a context of {self._context} tokens for {path}")
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        self._vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self._eos = frozenset(t for t in range(self._vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        self._batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
+        self._length = 0
+
+    def __del__(self) -> None:
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def supports_rollback(self) -> bool:
+        return True  # a plain KV cache: positions can be removed from the end
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._lib.llama_memory_clear(self._memory, True)
+        self._length = 0
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        self.reset()
+        ids = list(token_ids)
+        for start in range(0, len(ids), BATCH):
+            self._decode(ids[start : start + BATCH], logits=False)
+
+    def verify(self, token_ids: Sequence[int]) -> Logits:
+        ids = list(token_ids)
+        if not ids:
+            raise TargetError("verify needs at least one token")
+        if len(ids) > BATCH:
+            raise TargetError(f"a verify pass takes at most {BATCH} tokens, got {len(ids)}")
+        if self._length + len(ids) > self._context:
+            raise TargetError(f"{self.name}: {self._length + len(ids)} positions exceed the context {self._context}")
+        self._decode(ids, logits=True)
+        pointer = self._lib.llama_get_logits(self._ctx)
+        # The rows of this decode only; copied because the next decode reuses the buffer.
+        rows: Logits = np.ctypeslib.as_array(pointer, shape=(len(ids), self._vocab)).copy()
+        return rows
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise TargetError(f"cannot roll back to {length}: the cache holds {self._length} positions")
+        if length < self._length:
+            if not self._lib.llama_memory_seq_rm(self._memory, 0, length, -1):
+                raise TargetError(f"llama.cpp refused to remove positions {length}.. from its memory")
+            self._length = length
+
+    def _decode(self, ids: list[int], logits: bool) -> None:
+        batch = self._batch
+        batch.n_tokens = len(ids)
+        for i, token in enumerate(ids):
+            batch.token[i] = token
+            batch.pos[i] = self._length + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = logits
+        code = self._lib.llama_decode(self._ctx, batch)
+        if code != 0:
+            raise TargetError(f"llama_decode failed with code {code}")
+        self._length += len(ids)
