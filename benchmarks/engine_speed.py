@@ -19,6 +19,7 @@ import statistics
 import time
 
 from verispec.api import load_engine
+from verispec.cli_args import k_value
 from verispec.prompts import load_prompts, round_robin, select
 
 
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=10)
     parser.add_argument("--identity", type=int, default=0, help="instead: identity rate on N round-robin prompts")
     parser.add_argument("--drafters", nargs="*", default=["lookup", "none"])
-    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--k", type=k_value, default="auto")
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
 

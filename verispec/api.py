@@ -11,31 +11,46 @@ from typing import Any
 
 from verispec import models
 from verispec.engine import Engine, Generation
+from verispec.models import ModelLoadError
+
+BACKENDS = ("auto", "torch", "llama.cpp")
 
 
 def load_engine(
     model: str | None = None,
     *,
+    backend: str = "auto",
     dtype: str | None = None,
     device: str | None = None,
     draft_model: str | None = None,
     chat: bool | None = None,
+    exact: bool | None = None,
 ) -> Engine:
-    """An engine on the torch backend for ``model`` (None: the embedded default).
+    """An engine for ``model`` (None: the embedded default).
 
-    ``draft_model`` loads a second model for the ``model`` drafter on the same device and
-    dtype; its vocabulary is checked against the target's when the drafter is built.
+    backend: "torch" (transformers), "llama.cpp" (GGUF files, llama-cpp-python), or "auto":
+    torch, since llama.cpp's verify rows do not always match its single steps (see
+    README.md: the default configuration keeps greedy output identical to plain decoding).
+    dtype, device, exact: torch backend only (exact: verify rows bit-identical to single
+    steps; default on where it can be done). ``draft_model`` loads a second model on the
+    same backend for the ``model`` drafter; its vocabulary is checked when the drafter is built.
     """
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "llama.cpp":
+        return _load_llamacpp(model, draft_model, chat)
     from verispec.targets.torch_target import TorchTarget, default_device, parse_dtype
 
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     loaded = models.load(model, dtype=torch_dtype, device=device)
-    target = TorchTarget(loaded.model, name=loaded.source.name, eos_token_ids=_eos_ids(loaded))
+    target = TorchTarget(loaded.model, name=loaded.source.name, eos_token_ids=eos_ids(loaded), exact=exact)
     options: dict[str, Any] = {}
     if draft_model is not None:
         draft = models.load(draft_model, dtype=torch_dtype, device=device)
-        options["draft_target"] = TorchTarget(draft.model, name=draft.source.name, eos_token_ids=_eos_ids(draft))
+        options["draft_target"] = TorchTarget(
+            draft.model, name=draft.source.name, eos_token_ids=eos_ids(draft), exact=exact
+        )
         options["draft_tokenizer"] = draft.tokenizer
     return Engine(
         target,
@@ -47,7 +62,35 @@ def load_engine(
     )
 
 
-def _eos_ids(loaded: models.LoadedModel) -> list[int]:
+def _load_llamacpp(model: str | None, draft_model: str | None, chat: bool | None) -> Engine:
+    import time
+
+    from verispec.targets.llamacpp import LlamaCppTarget
+
+    start = time.perf_counter()
+    source = models.resolve(model)
+    if source.kind != "gguf":
+        raise ModelLoadError(f"the llama.cpp backend loads GGUF files; {source.name} is a {source.kind} model")
+    target = LlamaCppTarget(source.location, name=f"{source.name} (llama.cpp)")
+    tokenizer = models.tokenizer_for(source)
+    options: dict[str, Any] = {}
+    if draft_model is not None:
+        draft = models.resolve(draft_model)
+        if draft.kind != "gguf":
+            raise ModelLoadError(f"the llama.cpp backend loads GGUF draft models; {draft.name} is a {draft.kind} model")
+        options["draft_target"] = LlamaCppTarget(draft.location, name=f"{draft.name} (llama.cpp)")
+        options["draft_tokenizer"] = models.tokenizer_for(draft)
+    return Engine(
+        target,
+        tokenizer,
+        name=source.name,
+        default_chat=chat,
+        drafter_options=options,
+        load_seconds=time.perf_counter() - start,
+    )
+
+
+def eos_ids(loaded: models.LoadedModel) -> list[int]:
     ids: set[int] = set()
     for source in (getattr(loaded.model, "generation_config", None), loaded.model.config, loaded.tokenizer):
         value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -61,7 +104,7 @@ _ENGINES: dict[tuple[Any, ...], Engine] = {}
 
 def generate(prompt: Any, model: str | None = None, drafter: str = "lookup", k: int = 4, **options: Any) -> Generation:
     """Generate with a cached engine for ``model``; sampling options as in ``SamplingParams``."""
-    load_keys = ("dtype", "device", "draft_model")
+    load_keys = ("backend", "dtype", "device", "draft_model", "exact")
     load_options = {key: options.pop(key) for key in load_keys if key in options}
     key = (model, *(load_options.get(k_) for k_ in load_keys))
     if key not in _ENGINES:

@@ -9,17 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from verispec import rounds
-from verispec.cli_args import k_value
+from verispec.cli_args import add_model_options, k_value, model_options
 
 EXIT_USAGE = 2
-
-
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model")
-    group.add_argument("--model", default=None, help="GGUF file, transformers directory or hub id (default: embedded)")
-    group.add_argument("--dtype", default="auto", help="auto (bf16 where native, else fp32), float32, bfloat16")
-    group.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    group.add_argument("--draft-model", default=None, help="draft model for --drafter model")
 
 
 def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--k-max", type=int, default=8, help="the most drafts per round --k auto may choose")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template")
     gen.add_argument("--compare", action="store_true", help="also decode plainly and report the speed-up")
-    _add_model_options(gen)
+    add_model_options(gen)
     _add_sampling_options(gen)
     gen.set_defaults(run=run_generate)
 
@@ -104,7 +96,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     start = time.perf_counter()
-    engine = load_engine(args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model)
+    engine = load_engine(args.model, **model_options(args))  # type: ignore[arg-type]
     err.print(f"[dim]loaded {engine.name} in {time.perf_counter() - start:.1f} s[/dim]")
     sampling = _sampling_kwargs(args)
     options = {"drafter": args.drafter, "k": args.k, "k_max": args.k_max, "chat": args.chat}

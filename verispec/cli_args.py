@@ -16,3 +16,33 @@ def k_value(text: str) -> int | str:
     if value < 0:
         raise argparse.ArgumentTypeError(f"k must be 'auto' or an integer >= 0, got {value}")
     return value
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--model, --backend, --dtype, --device, --exact, --draft-model: what ``load_engine`` takes."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None, help="GGUF file, transformers directory or hub id (default: embedded)")
+    group.add_argument(
+        "--backend", default="auto", choices=["auto", "torch", "llama.cpp"], help="auto = torch (see README)"
+    )
+    group.add_argument("--dtype", default="auto", help="torch: auto (bf16 where native, else fp32), float32, bfloat16")
+    group.add_argument("--device", default=None, help="torch: cpu or cuda (default: cuda when present)")
+    group.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch: verify rows bit-identical to single steps (default: on where possible); "
+        "--no-exact is faster but greedy output may then differ from plain decoding",
+    )
+    group.add_argument("--draft-model", default=None, help="draft model for --drafter model")
+
+
+def model_options(args: argparse.Namespace) -> dict[str, object]:
+    """The keyword arguments of ``load_engine`` from parsed ``add_model_options``."""
+    return {
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "device": args.device,
+        "exact": args.exact,
+        "draft_model": args.draft_model,
+    }

@@ -112,6 +112,17 @@ def load(spec: str | None, dtype: Any = None, device: str = "cpu") -> LoadedMode
     return LoadedModel(model, tokenizer, source, time.perf_counter() - start, converted, cache_hit)
 
 
+def tokenizer_for(source: ModelSource) -> Any:
+    """The tokenizer of a model without loading its weights into torch (for llama.cpp)."""
+    from transformers import AutoTokenizer
+
+    location = str(converted_dir(Path(source.location))[0]) if source.kind == "gguf" else source.location
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except (OSError, ValueError, TypeError) as error:
+        raise ModelLoadError(f"model {source.name!r}: no usable tokenizer ({error})") from error
+
+
 def cache_root() -> Path:
     """Where converted weights live: $VERISPEC_CACHE, else the user cache directory."""
     override = os.environ.get("VERISPEC_CACHE")

@@ -9,7 +9,7 @@ from verispec.cli import build_parser, main
 
 def test_defaults():
     args = build_parser().parse_args(["serve"])
-    assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "torch")
+    assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "auto")
     assert args.cors_origin == [] and args.max_queue == 64
 
 
@@ -26,7 +26,9 @@ def test_api_key_from_the_environment(monkeypatch):
 
 
 def test_unknown_backend_and_missing_model_fail_fast(capsys):
-    assert main(["serve", "--backend", "llama.cpp"]) == 2
-    assert "backend 'llama.cpp' is not available" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--backend", "tensorrt"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'tensorrt'" in capsys.readouterr().err
     assert main(["serve", "--model", "/no/such/model.gguf"]) == 2
     assert "not found" in capsys.readouterr().err

@@ -37,6 +37,28 @@ def test_batched_verify_matches_single_steps(dtype, rows, exact):
         assert difference < (1e-4 if dtype == torch.float32 else 0.1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exact_at_long_context(dtype):
+    # Verify blocks that straddle 1024 keys: there a reduction over the block's full key
+    # count is blocked differently from a single step's (found on the embedded model, bf16).
+    target = TorchTarget(tiny.tiny_model(seed=0, context=2048).to(dtype))
+    prompt = [(31 * i + 7) % tiny.VOCAB for i in range(1019)]
+    single = sequential_rows(target, prompt, CONTINUATION)
+    target.prefill(prompt)
+    np.testing.assert_array_equal(target.verify(CONTINUATION), single)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_self_test_passes_and_the_row_by_row_fallback_is_exact(dtype):
+    target = TorchTarget(tiny.tiny_model(seed=0).to(dtype))
+    assert target.exact and target.batched_verify_exact  # the load-time self-test held
+    assert target.cached_tokens == 0  # and left nothing behind
+    target.batched_verify_exact = False  # as if it had failed: verify row by row
+    single = sequential_rows(target, PROMPT, CONTINUATION)
+    target.prefill(PROMPT)
+    np.testing.assert_array_equal(target.verify(CONTINUATION), single)
+
+
 def test_rollback_then_continue_equals_fresh_run():
     target = TorchTarget(tiny.tiny_model(seed=0))
     target.prefill(PROMPT)
@@ -79,3 +101,33 @@ def test_dtype_choice():
     assert parse_dtype("auto", "cpu") is default_dtype("cpu")
     with pytest.raises(ValueError, match="unknown dtype"):
         parse_dtype("int3", "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("queries", [1, 4])
+def test_patched_attention_is_attention(dtype, queries):
+    """The batch-invariant attention against the textbook formula in float64."""
+    from verispec.targets.batch_invariant import _attend
+
+    torch.manual_seed(0)
+    batch, kv_heads, groups, keys, dim = 1, 3, 3, 40, 16
+    query = torch.randn(batch, kv_heads * groups, queries, dim)
+    key, value = torch.randn(batch, kv_heads, keys, dim), torch.randn(batch, kv_heads, keys, dim)
+    got = _attend(query.to(dtype), key.to(dtype), value.to(dtype), scale=dim**-0.5).double()
+    k64 = key.double().repeat_interleave(groups, dim=1)
+    v64 = value.double().repeat_interleave(groups, dim=1)
+    scores = query.double() @ k64.transpose(2, 3) * dim**-0.5
+    positions = torch.arange(keys - queries, keys).unsqueeze(-1)
+    scores = scores.masked_fill(torch.arange(keys) > positions, float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ v64
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    assert float((got - expected).abs().max()) < tolerance
+
+
+def test_exact_model_agrees_with_the_stock_model():
+    model = tiny.tiny_model(seed=0)
+    stock = TorchTarget(tiny.tiny_model(seed=0), exact=False)
+    exact = TorchTarget(model, exact=True)
+    for target in (stock, exact):
+        target.prefill(PROMPT)
+    np.testing.assert_allclose(exact.verify(CONTINUATION), stock.verify(CONTINUATION), atol=1e-4)

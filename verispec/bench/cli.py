@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verispec.cli_args import k_value
+from verispec.cli_args import add_model_options, k_value, model_options
 
 DEFAULT_CONFIGS = ["none", "lookup", "hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup"]
 
@@ -23,9 +23,7 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--k", type=k_value, default="auto", help="default k of verispec configs: auto or a number")
     bench.add_argument("--configs", nargs="*", default=DEFAULT_CONFIGS, help="e.g. none lookup:k=8 hf-generate")
-    bench.add_argument("--model", default=None)
-    bench.add_argument("--dtype", default="auto")
-    bench.add_argument("--draft-model", default=None)
+    add_model_options(bench)
     bench.add_argument("--out", default=None, help="output directory (default: bench-results/<time>)")
     bench.add_argument("--plot", default=None, metavar="RESULTS_JSON", help="redraw table and plots from a saved run")
     bench.set_defaults(run=run_bench_command)
@@ -81,19 +79,31 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from verispec.api import load_engine
 
     console = _console()
-    engines: dict[str | None, Any] = {}
+    engines: dict[tuple[tuple[str, object], ...], Any] = {}
+    stock: dict[str | None, tuple[Any, list[int]]] = {}
 
-    def engine_for(dtype: str | None) -> Any:
-        key = dtype or args.dtype
+    def engine_for(options: dict[str, object]) -> Any:
+        merged = {**model_options(args), **options}
+        key = tuple(sorted(merged.items()))
         if key not in engines:
-            engines[key] = load_engine(args.model, dtype=key, draft_model=args.draft_model)
+            engines[key] = load_engine(args.model, **merged)  # type: ignore[arg-type]
         return engines[key]
 
+    def stock_model_for(dtype: str | None) -> tuple[Any, list[int]]:
+        from verispec.api import eos_ids
+        from verispec.targets.torch_target import default_device, parse_dtype
+
+        if dtype not in stock:
+            device = args.device or default_device()
+            loaded = models.load(args.model, dtype=parse_dtype(dtype or args.dtype, device), device=device)
+            stock[dtype] = (loaded.model, eos_ids(loaded))
+        return stock[dtype]
+
     source = models.resolve(args.model)
-    default = engine_for(None)
+    default = engine_for({})
     encoded = [(p, default.encode(p.text)) for p in prompts]
     runners, skipped = run.build_runners(
-        configs, engine_for, source.location if source.kind == "gguf" else None, args.k
+        configs, engine_for, stock_model_for, source.location if source.kind == "gguf" else None, args.k
     )
     for label, reason in skipped.items():
         console.print(f"[yellow]skipping {label}[/yellow]: {reason}")

@@ -7,8 +7,13 @@ NAME is a verispec drafter (``none``, ``lookup``, ``model``, ...) or a peer base
 - ``llama.cpp``, ``llama.cpp-lookup``: llama-cpp-python plain and with its prompt-lookup
   drafter (option ``n``), when llama-cpp-python is installed.
 
-Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a number), ``dtype``.
-Examples: ``none``, ``lookup:k=8``, ``lookup:k=auto,dtype=float32``, ``hf-prompt-lookup:n=10``.
+Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a number), ``dtype``,
+``backend`` (torch or llama.cpp), ``exact`` (on or off; torch).
+Examples: ``none``, ``lookup:k=8``, ``lookup:k=auto,dtype=float32``, ``none:backend=llama.cpp``,
+``hf-prompt-lookup:n=10``.
+
+The baseline of every speed-up is ``none`` with no options (verispec's own plain decoding on
+the default backend); it is added when not listed.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype"}
+VERISPEC_OPTIONS = {"k", "dtype", "backend", "exact"}
 PEER_OPTIONS = {"n", "dtype"}
 
 
@@ -37,7 +42,20 @@ class BenchConfig:
 
     @property
     def is_baseline(self) -> bool:
-        return self.name == BASELINE and not self.options.get("dtype")
+        return self.name == BASELINE and not self.options
+
+    def engine_options(self) -> dict[str, object]:
+        """Keyword arguments of ``load_engine`` this configuration asks for."""
+        options: dict[str, object] = {}
+        if "dtype" in self.options:
+            options["dtype"] = self.options["dtype"]
+        if "backend" in self.options:
+            options["backend"] = self.options["backend"]
+        if "exact" in self.options:
+            if self.options["exact"] not in ("on", "off"):
+                raise BenchConfigError(f"{self.label}: exact is on or off, got {self.options['exact']!r}")
+            options["exact"] = self.options["exact"] == "on"
+        return options
 
     def k_option(self, default: int | str) -> int | str:
         """Drafts per round: "auto" (the economics governor) or a fixed number."""
@@ -78,6 +96,7 @@ def parse_config(text: str, drafters: list[str]) -> BenchConfig:
     config = BenchConfig(label=text.strip(), name=name, options=options)
     config.k_option(0)
     config.int_option("n", 0)
+    config.engine_options()
     return config
 
 

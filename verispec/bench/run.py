@@ -23,6 +23,7 @@ from verispec.bench.runners import (
     VerispecRunner,
 )
 from verispec.prompts import Prompt
+from verispec.targets.torch_target import cpu_threads
 
 WARMUP_TOKENS = 8
 
@@ -38,21 +39,29 @@ class BenchSettings:
 
 
 def build_runners(
-    configs: list[BenchConfig], engines: Callable[[str | None], Any], gguf_path: str | None, default_k: int | str
+    configs: list[BenchConfig],
+    engine_for: Callable[[dict[str, object]], Any],
+    stock_model_for: Callable[[str | None], tuple[Any, list[int]]],
+    gguf_path: str | None,
+    default_k: int | str,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Runners by label, and the reasons of those skipped. ``engines(dtype)`` gives a
-    (cached) verispec engine for a dtype, whose model the transformers peers share."""
+    """Runners by label, and the reasons of those skipped.
+
+    ``engine_for(options)`` gives a (cached) verispec engine for a configuration's engine
+    options; ``stock_model_for(dtype)`` the unpatched transformers model (and its EOS ids)
+    the transformers peers run, as users of those peers would.
+    """
     runners: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for config in configs:
-        dtype = config.options.get("dtype")
         try:
             if config.name in ("hf-generate", "hf-prompt-lookup"):
-                runners[config.label] = HFGenerateRunner(config, engines(dtype))
+                model, eos = stock_model_for(config.options.get("dtype"))
+                runners[config.label] = HFGenerateRunner(config, model, eos)
             elif config.name in ("llama.cpp", "llama.cpp-lookup"):
-                runners[config.label] = LlamaCppRunner(config, gguf_path, os.cpu_count() or 1)
+                runners[config.label] = LlamaCppRunner(config, gguf_path, cpu_threads())
             else:
-                runners[config.label] = VerispecRunner(config, engines(dtype), default_k)
+                runners[config.label] = VerispecRunner(config, engine_for(config.engine_options()), default_k)
         except RunnerUnavailable as error:
             skipped[config.label] = str(error)
     return runners, skipped

@@ -82,12 +82,12 @@ class VerispecRunner:
 
 
 class HFGenerateRunner:
-    """transformers ``generate()`` on the very model object verispec's target wraps."""
+    """transformers ``generate()`` on an unpatched model of the same weights and dtype."""
 
-    def __init__(self, config: BenchConfig, engine: Any) -> None:
+    def __init__(self, config: BenchConfig, model: Any, eos_token_ids: list[int]) -> None:
         self.config = config
-        self.model = engine.target.model
-        self.eos = sorted(engine.target.eos_token_ids)
+        self.model = model
+        self.eos = sorted(eos_token_ids)
         self.lookup = config.int_option("n", DEFAULT_LOOKUP_N) if config.name == "hf-prompt-lookup" else None
 
     def run(self, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int) -> RunRecord:

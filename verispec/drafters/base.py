@@ -98,4 +98,4 @@ def create_drafter(name: str, context: DrafterContext) -> Drafter:
 
 def _load_builtin() -> None:
     # Importing the modules registers their drafters.
-    from verispec.drafters import lookup, model, none  # noqa: F401
+    from verispec.drafters import control, lookup, model, none  # noqa: F401

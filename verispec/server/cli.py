@@ -9,22 +9,11 @@ import os
 import sys
 from typing import Any
 
+from verispec.cli_args import add_model_options, k_value, model_options
+
 API_KEY_ENV = "VERISPEC_API_KEY"
-BACKENDS = ("torch",)
 
 log = logging.getLogger("verispec.server")
-
-
-def _k_option(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"k must be an integer >= 0 or auto, got {text!r}") from error
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"k must be an integer >= 0, got {value}")
-    return value
 
 
 def _bounded_int(low: int) -> Any:
@@ -52,15 +41,10 @@ def _seconds(text: str) -> float:
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (completions, chat, streaming)")
-    model = serve.add_argument_group("model")
-    model.add_argument("--model", default=None, help="GGUF file, transformers directory or hub id (default: embedded)")
-    model.add_argument("--dtype", default="auto", help="auto (bf16 where native, else fp32), float32, bfloat16")
-    model.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    model.add_argument("--draft-model", default=None, help="draft model for --drafter model")
-    model.add_argument("--backend", default="torch", help="inference backend (only torch for now)")
+    add_model_options(serve)
     spec = serve.add_argument_group("speculation (per-request defaults; requests may override)")
     spec.add_argument("--drafter", default="lookup", help="lookup, model or none (default: lookup)")
-    spec.add_argument("--k", type=_k_option, default=None, help="draft tokens per round (default: the engine's)")
+    spec.add_argument("--k", type=k_value, default=None, help="drafts per round: auto or a number (default: auto)")
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     http.add_argument("--port", type=_bounded_int(0), default=8000, help="port (default: 8000)")
@@ -94,11 +78,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from verispec.server.app import ServerSettings, create_app
     from verispec.server.runner import GRACEFUL_SHUTDOWN_SECONDS, DrainingServer
 
-    if args.backend not in BACKENDS:
-        print(
-            f"verispec: error: backend {args.backend!r} is not available; known: {', '.join(BACKENDS)}", file=sys.stderr
-        )
-        return 2
     _configure_logging()
     name = models.resolve(args.model).name  # fails fast on a model that cannot exist
     if not _is_loopback(args.host) and not args.api_key:
@@ -116,7 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
 
     def load() -> Any:
-        engine = load_engine(args.model, dtype=args.dtype, device=args.device, draft_model=args.draft_model)
+        engine = load_engine(args.model, **model_options(args))  # type: ignore[arg-type]
         options: dict[str, Any] = {"drafter": args.drafter}
         if args.k is not None:
             options["k"] = args.k

@@ -9,9 +9,11 @@ state) reports ``supports_rollback = False`` and the engine refuses to run on it
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from verispec.targets import batch_invariant
@@ -85,6 +87,9 @@ class TorchTarget:
         if exact and not can_be_exact:
             raise TargetError("exact verify is implemented for the CPU with oneDNN only")
         self.exact = can_be_exact if exact is None else exact
+        # Whether one forward pass gives exact rows; if the self-test finds it does not,
+        # verify passes run row by row (exact, but without batching's gain).
+        self.batched_verify_exact = not self.exact
         if self.exact:
             batch_invariant.make_batch_invariant(model)
         self._cache_type = DynamicCache
@@ -94,6 +99,14 @@ class TorchTarget:
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self._context = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self._eos = frozenset(eos_token_ids if eos_token_ids is not None else _eos_from(model))
+        if self.exact:
+            self.batched_verify_exact = self.self_test()
+            if not self.batched_verify_exact:
+                warnings.warn(
+                    f"{name}: verify rows differ from single steps on this machine's kernels; "
+                    "verifying row by row to stay exact (slower; exact=False trades exactness for speed)",
+                    stacklevel=2,
+                )
 
     @property
     def vocab_size(self) -> int:
@@ -136,8 +149,11 @@ class TorchTarget:
             raise TargetError(
                 f"{self.name}: {self._length + len(token_ids)} positions exceed the context {self._context}"
             )
-        with batch_invariant.verify_block():
-            logits = self._forward(list(token_ids), keep_logits=True)
+        if self.exact and not self.batched_verify_exact:
+            logits = torch.cat([self._forward([token], keep_logits=True) for token in token_ids])
+        else:
+            with batch_invariant.verify_block():
+                logits = self._forward(list(token_ids), keep_logits=True)
         out: Logits = logits.float().cpu().numpy()
         return out
 
@@ -147,6 +163,23 @@ class TorchTarget:
         if length < self._length:
             self._cache.crop(length - self._length)  # transformers 5: negative = tokens to drop
             self._length = length
+
+    def self_test(self, contexts: tuple[int, ...] = (24, 1020), rows: tuple[int, ...] = (2, 5, 9)) -> bool:
+        """Do verify passes of ``rows`` rows give exactly the logits of single steps? Run
+        once at load, on synthetic contexts (token ids spread over the vocabulary), short and
+        straddling 1024 keys, where some reductions change their blocking."""
+        exact = True
+        for context in sorted({min(c, self._context - max(rows)) for c in contexts}):
+            ids = [(7919 * i + 11) % self._vocab for i in range(context + max(rows))]
+            self.prefill(ids[:context])
+            single = [self.verify([token]) for token in ids[context : context + max(rows)]]
+            for count in rows:
+                self.rollback(context)
+                with batch_invariant.verify_block():
+                    block = self._forward(ids[context : context + count], keep_logits=True).float().cpu().numpy()
+                exact = exact and all(np.array_equal(block[i], single[i][0]) for i in range(count))
+        self.reset()
+        return exact
 
     @torch.inference_mode()
     def _forward(self, ids: list[int], keep_logits: bool) -> torch.Tensor:
