@@ -91,6 +91,23 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert np.count_nonzero(final_distribution(LOGITS, SamplingParams(top_p=0.01))) == 1
 
 
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99, 0.999999])
+@pytest.mark.parametrize("sharpness", [0.3, 1.0, 4.0])
+def test_top_p_on_a_large_vocabulary_matches_a_full_sort(top_p, sharpness):
+    # The nucleus is found by sorting only the head of the distribution; the kept set must
+    # be what sorting everything gives (flat rows make it grow past the first head).
+    rng = np.random.default_rng(int(top_p * 1000) + int(sharpness * 10))
+    logits = rng.normal(size=20_000) * sharpness
+    probs = final_distribution(logits, SamplingParams(top_p=top_p))
+    full = softmax(logits)
+    order = np.argsort(-full, kind="stable")
+    ahead = np.cumsum(full[order]) - full[order]
+    expected = np.zeros_like(full)
+    keep = order[ahead < top_p * full.sum()]
+    expected[keep] = full[keep] / full[keep].sum()
+    np.testing.assert_allclose(probs, expected, rtol=1e-9, atol=1e-15)
+
+
 def test_min_p_is_relative_to_the_top_token():
     probs = final_distribution(LOGITS, SamplingParams(min_p=0.5))  # keep p >= 0.25
     np.testing.assert_allclose(probs, [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-12)

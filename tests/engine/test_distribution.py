@@ -58,11 +58,11 @@ def exact_law(tiny_engine):
     return law
 
 
-def run_engine(engine, drafter, k, runs=N_RUNS):
+def run_engine(engine, drafter, k, runs=N_RUNS, prompt=PROMPT):
     counts: dict[tuple[int, ...], int] = {}
     offered = accepted = 0
     for seed in range(runs):
-        result = engine.generate(PROMPT, drafter=drafter, k=k, seed=seed, max_tokens=TOKENS, **PARAMS)
+        result = engine.generate(prompt, drafter=drafter, k=k, seed=seed, max_tokens=TOKENS, **PARAMS)
         key = tuple(result.token_ids)
         counts[key] = counts.get(key, 0) + 1
         offered += result.stats.offered

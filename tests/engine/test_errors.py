@@ -1,5 +1,6 @@
 """Bad input gets a clear error naming the problem."""
 
+import numpy as np
 import pytest
 
 from tests import tiny
@@ -65,20 +66,35 @@ def test_prompt_ids_outside_vocabulary(tiny_engine):
         tiny_engine.generate([1, 2, 500], drafter="none")
 
 
-def test_nan_logits_fail_the_request_and_the_engine_recovers(tiny_engine):
-    import torch
+class NaNAfter:
+    """A real target whose verify passes turn to NaN logits after ``healthy`` calls."""
 
+    def __init__(self, target, healthy):
+        self.target, self.healthy = target, healthy
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def verify(self, token_ids):
+        rows = self.target.verify(token_ids)
+        self.healthy -= 1
+        if self.healthy < 0:
+            rows[:, 3] = np.nan
+        return rows
+
+
+def test_nan_logits_fail_the_request_and_the_engine_recovers(tiny_dir):
+    from verispec.api import load_engine
+    from verispec.engine import Engine
     from verispec.sampling import NonFiniteLogitsError
 
-    head = tiny_engine.target.model.lm_head
-    saved = head.weight.detach().clone()
-    try:
-        with torch.no_grad():
-            head.weight[3, 0] = float("nan")
+    loaded = load_engine(str(tiny_dir), dtype="float32")
+    poisoned = NaNAfter(loaded.target, healthy=40)  # calibration and a few rounds succeed
+    engine = Engine(poisoned, loaded.tokenizer)
+    for temperature in (0.0, 0.7):
+        poisoned.healthy = 40
         with pytest.raises(NonFiniteLogitsError):
-            tiny_engine.generate("abc abc", drafter="lookup", k=4, temperature=0.7, max_tokens=10)
-        assert tiny_engine.target.cached_tokens == 0
-    finally:
-        with torch.no_grad():
-            head.weight.copy_(saved)
-    assert len(tiny_engine.generate("abc abc", drafter="lookup", max_tokens=10, temperature=0).token_ids) == 10
+            engine.generate("abc abc", drafter="lookup", temperature=temperature, max_tokens=100)
+        assert loaded.target.cached_tokens == 0  # reset in the engine's finally
+    poisoned.healthy = 10**6
+    assert len(engine.generate("abc abc", drafter="lookup", max_tokens=10, temperature=0).token_ids) == 10

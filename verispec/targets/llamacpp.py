@@ -13,6 +13,7 @@ it is installed by ``make install`` as the ``llamacpp`` extra.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,22 @@ def available() -> bool:
     return True
 
 
-def _quiet_logs(llama_cpp: Any) -> None:
-    # llama.cpp logs every load to stderr; keep errors only.
+@functools.cache
+def _quiet(llama_cpp: Any) -> Any:
+    """Keep llama.cpp quiet: errors only in its log, no progress dots while loading. Returns
+    the progress callback for model parameters; cached, so the ctypes callbacks stay alive."""
+
     @llama_cpp.llama_log_callback
-    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    def log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         if level >= 4:  # GGML_LOG_LEVEL_ERROR
             print(text.decode("utf-8", "replace"), end="")
 
-    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
-    _quiet_logs.callback = callback  # type: ignore[attr-defined]  # keep it alive
+    @llama_cpp.llama_progress_callback
+    def progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
+        return True  # keep loading
+
+    llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
+    return progress, log
 
 
 class LlamaCppTarget:
@@ -58,9 +66,10 @@ class LlamaCppTarget:
 
         self._lib = llama_cpp
         self.name = name or Path(path).name
-        _quiet_logs(llama_cpp)
         llama_cpp.llama_backend_init()
-        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), llama_cpp.llama_model_default_params())
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.progress_callback = _quiet(llama_cpp)[0]
+        model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), model_params)
         if not model:
             raise TargetError(f"llama.cpp could not load {path}")
         self._model = model

@@ -1,0 +1,88 @@
+"""The llama.cpp backend on a tiny GGUF written in the tests: rows, rollback, the engine on it."""
+
+import numpy as np
+import pytest
+
+from tests.engine.scripted import ScriptDrafter
+from verispec.engine import Engine
+from verispec.targets.base import TargetError
+from verispec.targets.llamacpp import LlamaCppTarget
+
+PROMPT = [5, 9, 14, 14, 17, 29, 25, 17, 20, 14, 6, 31]
+CONTINUATION = [29, 3, 4, 5, 29, 3, 4, 5, 29]
+TEXT = "the cat sat on the mat. the cat sat"
+
+
+def test_reports_vocab_context_eos(tiny_gguf):
+    target = LlamaCppTarget(tiny_gguf)
+    assert (target.vocab_size, target.context_length, target.eos_token_ids) == (69, 256, frozenset({1}))
+    assert target.supports_rollback
+
+
+@pytest.mark.parametrize("rows", [2, 5, 9])
+def test_verify_rows_against_single_steps(tiny_gguf, rows):
+    target = LlamaCppTarget(tiny_gguf)
+    target.prefill(PROMPT)
+    single = np.concatenate([target.verify([t]) for t in CONTINUATION[:rows]])
+    target.prefill(PROMPT)
+    batched = target.verify(CONTINUATION[:rows])
+    difference = float(np.max(np.abs(batched - single)))
+    print(f"\n  llama.cpp verify of {rows} rows vs single steps: max |logit difference| = {difference:.2e}")
+    np.testing.assert_array_equal(batched.argmax(-1), single.argmax(-1))
+    assert difference < 1e-3
+
+
+def test_rollback_then_continue_equals_fresh_run(tiny_gguf):
+    target = LlamaCppTarget(tiny_gguf)
+    target.prefill(PROMPT)
+    target.verify(CONTINUATION[:6])
+    target.rollback(len(PROMPT) + 2)
+    after = target.verify([40, 41])
+    target.prefill(PROMPT + CONTINUATION[:2])
+    fresh = target.verify([40, 41])
+    np.testing.assert_allclose(after, fresh, atol=1e-4)
+    with pytest.raises(TargetError, match="cannot roll back"):
+        target.rollback(target.cached_tokens + 1)
+
+
+def test_context_is_enforced(tiny_gguf):
+    target = LlamaCppTarget(tiny_gguf)
+    target.prefill([i % 60 + 3 for i in range(250)])
+    with pytest.raises(TargetError, match="exceed the context"):
+        target.verify([5] * 10)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])
+@pytest.mark.parametrize("drafter", ["lookup", "model"])
+def test_greedy_equivalence(llama_engine, drafter, k):
+    for text in (TEXT, "abc abc abc abc ab"):
+        plain = llama_engine.generate(text, drafter="none", temperature=0, max_tokens=48)
+        spec = llama_engine.generate(text, drafter=drafter, k=k, temperature=0, max_tokens=48)
+        assert spec.token_ids == plain.token_ids, (drafter, k, text)
+
+
+def test_stops_are_exact(llama_engine, tiny_gguf):
+    plain = llama_engine.generate(TEXT, drafter="none", temperature=0, max_tokens=40)
+    # max_tokens, and a stop string, with every draft right
+    oracle = ScriptDrafter(llama_engine.encode(TEXT) + plain.token_ids)
+    for max_tokens in (1, 5, 17):
+        result = llama_engine.generate(TEXT, drafter=oracle, k=4, temperature=0, max_tokens=max_tokens)
+        assert result.token_ids == plain.token_ids[:max_tokens]
+    stop = plain.text[12:15]
+    result = llama_engine.generate(TEXT, drafter="lookup", k=4, temperature=0, max_tokens=40, stop=[stop])
+    assert result.text == plain.text[: plain.text.find(stop)]
+    # an end-of-sequence inside the accepted prefix: declare the 6th token an EOS id
+    position = next(i for i in range(5, 40) if plain.token_ids[i] not in plain.token_ids[:i])
+    target = LlamaCppTarget(tiny_gguf)
+    target._eos = frozenset({plain.token_ids[position]})
+    engine = Engine(target, llama_engine.tokenizer)
+    result = engine.generate(TEXT, drafter=oracle, k=position + 3, temperature=0, max_tokens=40)
+    assert result.token_ids == plain.token_ids[: position + 1]
+    assert (result.stats.accepted, result.stats.bonus, result.stats.bonus_shortfall) == (position + 1, 0, 1)
+
+
+def test_same_seed_same_output(llama_engine):
+    options = {"drafter": "model", "k": 3, "temperature": 1.0, "top_p": 0.95, "max_tokens": 30}
+    first = llama_engine.generate("abc abc", seed=5, **options)
+    assert llama_engine.generate("abc abc", seed=5, **options).token_ids == first.token_ids
+    assert llama_engine.target.cached_tokens == 0
