@@ -31,14 +31,15 @@ def load_engine(
     backend: "torch" (transformers), "llama.cpp" (GGUF files, llama-cpp-python), or "auto":
     torch, since llama.cpp's verify rows do not always match its single steps (see
     README.md: the default configuration keeps greedy output identical to plain decoding).
-    dtype, device, exact: torch backend only (exact: verify rows bit-identical to single
-    steps; default on where it can be done). ``draft_model`` loads a second model on the
+    dtype, device: torch backend only. exact: verify rows bit-identical to single steps;
+    torch: default on where it can be done; llama.cpp: off by default, since on it exactness
+    means verifying token by token (no speed-up). ``draft_model`` loads a second model on the
     same backend for the ``model`` drafter; its vocabulary is checked when the drafter is built.
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "llama.cpp":
-        return _load_llamacpp(model, draft_model, chat)
+        return _load_llamacpp(model, draft_model, chat, bool(exact))
     from verispec.targets.torch_target import TorchTarget, default_device, parse_dtype
 
     device = device or default_device()
@@ -62,7 +63,7 @@ def load_engine(
     )
 
 
-def _load_llamacpp(model: str | None, draft_model: str | None, chat: bool | None) -> Engine:
+def _load_llamacpp(model: str | None, draft_model: str | None, chat: bool | None, exact: bool) -> Engine:
     import time
 
     from verispec.targets.llamacpp import LlamaCppTarget
@@ -71,7 +72,7 @@ def _load_llamacpp(model: str | None, draft_model: str | None, chat: bool | None
     source = models.resolve(model)
     if source.kind != "gguf":
         raise ModelLoadError(f"the llama.cpp backend loads GGUF files; {source.name} is a {source.kind} model")
-    target = LlamaCppTarget(source.location, name=f"{source.name} (llama.cpp)")
+    target = LlamaCppTarget(source.location, name=f"{source.name} (llama.cpp)", exact=exact)
     tokenizer = models.tokenizer_for(source)
     options: dict[str, Any] = {}
     if draft_model is not None:

@@ -32,6 +32,14 @@ def test_verify_rows_against_single_steps(tiny_gguf, rows):
     assert difference < 1e-3
 
 
+def test_exact_mode_verifies_token_by_token(tiny_gguf):
+    target = LlamaCppTarget(tiny_gguf, exact=True)
+    target.prefill(PROMPT)
+    single = np.concatenate([target.verify([t]) for t in CONTINUATION])
+    target.prefill(PROMPT)
+    np.testing.assert_array_equal(target.verify(CONTINUATION), single)
+
+
 def test_rollback_then_continue_equals_fresh_run(tiny_gguf):
     target = LlamaCppTarget(tiny_gguf)
     target.prefill(PROMPT)

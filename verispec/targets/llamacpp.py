@@ -1,5 +1,11 @@
 """The llama.cpp backend: GGUF models at native CPU speed, through llama-cpp-python.
 
+Not bit-exact by default: llama.cpp computes a multi-token decode with other kernels than a
+single-token step, so verify rows differ slightly from single steps and greedy speculative
+output can part from plain greedy output (measured in README.md). ``exact=True`` verifies
+token by token instead, at the cost of all batching gain. The rule stays exact either way:
+sampled output follows the model's distribution on every setting.
+
 It uses the binding's low-level C API (``llama_cpp.llama_*``), not its high-level
 ``Llama`` class: a verify pass is one ``llama_decode`` of k + 1 tokens, every row asking
 for logits, read straight from llama.cpp's output buffer (only those rows are copied);
@@ -55,7 +61,15 @@ def _quiet(llama_cpp: Any) -> Any:
 class LlamaCppTarget:
     """A GGUF model in a llama.cpp context, as a verispec Target."""
 
-    def __init__(self, path: str | Path, name: str | None = None, context: int | None = None, threads: int = 0):
+    def __init__(
+        self,
+        path: str | Path,
+        name: str | None = None,
+        context: int | None = None,
+        threads: int = 0,
+        flash_attention: bool | None = None,
+        exact: bool = False,
+    ):
         try:
             import llama_cpp
         except ImportError as error:
@@ -80,6 +94,10 @@ class LlamaCppTarget:
         params.n_batch = params.n_ubatch = BATCH
         params.n_threads = params.n_threads_batch = threads or cpu_threads()
         params.no_perf = True
+        if flash_attention is not None:
+            params.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
         ctx = llama_cpp.llama_init_from_model(model, params)
         if not ctx:
             raise TargetError(f"llama.cpp could not create a context of {self._context} tokens for {path}")
@@ -90,6 +108,10 @@ class LlamaCppTarget:
         self._eos = frozenset(t for t in range(self._vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
         self._batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
         self._length = 0
+        # exact: verify one token per decode, so every row is a single step's. A verify of M
+        # rows then costs M steps and speculation cannot pay; it exists to keep greedy
+        # output identical to plain decoding for those who need that on this backend.
+        self.exact = exact
 
     def __del__(self) -> None:
         lib = getattr(self, "_lib", None)
@@ -140,6 +162,11 @@ class LlamaCppTarget:
             raise TargetError(f"a verify pass takes at most {BATCH} tokens, got {len(ids)}")
         if self._length + len(ids) > self._context:
             raise TargetError(f"{self.name}: {self._length + len(ids)} positions exceed the context {self._context}")
+        if self.exact:
+            return np.concatenate([self._decode_rows([token]) for token in ids])
+        return self._decode_rows(ids)
+
+    def _decode_rows(self, ids: list[int]) -> Logits:
         self._decode(ids, logits=True)
         pointer = self._lib.llama_get_logits(self._ctx)
         # The rows of this decode only; copied because the next decode reuses the buffer.
