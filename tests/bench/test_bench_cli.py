@@ -62,6 +62,13 @@ def test_bench_writes_json_plots_and_table_and_redraws(tiny_dir, prompt_file, tm
     assert redraw.returncode == 0, redraw.stderr
     assert all((out / name).is_file() for name in pngs)
     assert "lookup:k=3" in redraw.stdout
+    # Redrawn against another configuration: its own files, the baseline named in the plot.
+    versus = run("--plot", str(out / "results.json"), "--baseline", "lookup:k=3")
+    assert versus.returncode == 0, versus.stderr
+    assert (out / "table_vs_lookup_k_3.md").read_text().count("\n") == len((out / "table.md").read_text().splitlines())
+    assert (out / "speedup_by_category_vs_lookup_k_3.png").is_file()
+    unknown = run("--plot", str(out / "results.json"), "--baseline", "turbo")
+    assert unknown.returncode == 2 and "--baseline 'turbo' is not a configuration of this run" in unknown.stderr
 
 
 @pytest.mark.parametrize(

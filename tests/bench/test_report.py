@@ -2,7 +2,7 @@
 
 import pytest
 
-from verispec.bench.configs import BenchConfigError, parse_config, parse_configs
+from verispec.bench.configs import BenchConfigError, own_plain, parse_config, parse_configs
 from verispec.bench.report import OVERALL, summarise
 
 RATIO_TOL = 5e-4  # known answers are stated to 3 decimals
@@ -114,3 +114,68 @@ def test_config_parsing():
         parse_config("lookup:k", drafters)
     with pytest.raises(BenchConfigError, match="repeat"):
         parse_configs(["lookup", "lookup"], drafters)
+
+
+def test_own_plain_of_each_runtime(records):
+    """A configuration on another runtime is held to that runtime's plain run: identity and
+    cost steps come from it, speed-up from the chosen baseline."""
+    drafters = ["lookup", "none"]
+    configs = parse_configs(
+        [
+            "none",
+            "lookup:k=4",
+            "none:backend=llama.cpp",
+            "lookup:backend=llama.cpp,k=4",
+            "llama.cpp",
+            "llama.cpp-lookup",
+        ],
+        drafters,
+    )
+    plain = own_plain(configs, "none")
+    assert plain == {
+        "none": "none",
+        "lookup:k=4": "none",
+        "none:backend=llama.cpp": "none",
+        "lookup:backend=llama.cpp,k=4": "none:backend=llama.cpp",
+        "llama.cpp": "none",
+        "llama.cpp-lookup": "llama.cpp",
+    }
+    # Without its own plain run in the bench, a configuration falls back to the baseline.
+    assert own_plain(parse_configs(["lookup:dtype=float32"], drafters), "none")["lookup:dtype=float32"] == "none"
+
+    # The llama.cpp runs: plain decodes 80 tokens at 5 ms a step, output [7] * 80, which the
+    # torch baseline never produces; lookup keeps that output at twice the plain speed.
+    other = [
+        record(
+            "none:backend=llama.cpp",
+            i,
+            "summarization",
+            80,
+            0.4,
+            [7] * 80,
+            stats(80, 0, 0, 80, {0: 80}, [], [], 0.4, 80, 0.4),
+        )
+        for i in range(2)
+    ]
+    spec = [
+        record(
+            "lookup:backend=llama.cpp,k=4",
+            i,
+            "summarization",
+            80,
+            0.2,
+            [7] * 80,
+            stats(40, 40, 40, 40, {1: 40}, [40], [40], 0.2),
+        )
+        for i in range(2)
+    ]
+    rows = {(r.category, r.config): r for r in summarise(records + other + spec, "none", greedy=True, own_plain=plain)}
+    row = rows[("summarization", "lookup:backend=llama.cpp,k=4")]
+    assert row.own_plain == "none:backend=llama.cpp"
+    assert row.identical == 1.0  # against llama.cpp's plain output, not the torch baseline's
+    assert row.speedup == pytest.approx(4.0)  # 400 tok/s over the baseline's 100
+    assert row.speedup_own == pytest.approx(2.0)  # over llama.cpp plain's 200
+    # 5 ms rounds over its own 5 ms steps (over the torch baseline's 10 ms it would read 0.5)
+    assert row.cost_steps == pytest.approx(1.0)
+    assert row.efficiency == pytest.approx(row.speedup_own / row.predicted_speedup)
+    assert rows[("summarization", "none:backend=llama.cpp")].identical == 0.0  # against the baseline

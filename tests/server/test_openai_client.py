@@ -145,3 +145,29 @@ def test_errors_reach_the_client_in_the_openai_shape(client, server):
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=server.model, prompt="hi", max_tokens=2, n=2)
     assert caught.value.body["param"] == "n"
+
+
+def test_governor_decisions_in_usage_and_metrics(client, server):
+    """--k auto: the k chosen for each round is in the usage block and counted in /metrics."""
+
+    def chosen(samples):
+        return {
+            labels[0][1]: value
+            for (name, labels), value in samples.items()
+            if name == "verispec_governor_k_chosen_total"
+        }
+
+    before = chosen(server.metrics())
+    response = client.completions.create(
+        model=server.model,
+        prompt="one two three one two three one two three",
+        max_tokens=24,
+        temperature=0,
+        extra_body={"speculative": {"drafter": "lookup", "k": "auto"}},
+    )
+    block = speculative_block(response.usage)
+    histogram = {k: n for k, n in block["k_chosen_histogram"].items()}
+    assert block["k"] == "auto" and sum(histogram.values()) == block["rounds"]
+    assert block["governor_plain_rounds"] == histogram.get("0", 0)
+    after = chosen(server.metrics())
+    assert {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)} == histogram

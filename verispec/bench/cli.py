@@ -26,6 +26,13 @@ def add_bench_parser(commands: Any) -> None:
     add_model_options(bench)
     bench.add_argument("--out", default=None, help="output directory (default: bench-results/<time>)")
     bench.add_argument("--plot", default=None, metavar="RESULTS_JSON", help="redraw table and plots from a saved run")
+    bench.add_argument(
+        "--baseline",
+        default="none",
+        metavar="LABEL",
+        help="the configuration speed-ups are measured against (default: none, verispec's plain decoding); "
+        "with --plot, e.g. --baseline llama.cpp redraws a saved run against llama-cpp-python's plain decoding",
+    )
     bench.set_defaults(run=run_bench_command)
 
 
@@ -42,20 +49,36 @@ def _console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
-def _report(document: dict[str, Any], directory: Path) -> None:
+def _report(document: dict[str, Any], directory: Path, baseline: str) -> None:
     from verispec.bench import plots, report
+    from verispec.bench.configs import BASELINE, BenchConfig, own_plain
 
     settings = document["settings"]
-    baseline = next(c["label"] for c in document["configs"] if c["name"] == "none" and not c["options"].get("dtype"))
-    rows = report.summarise(document["records"], baseline, greedy=settings["temperature"] == 0)
+    configs = [BenchConfig(label=c["label"], name=c["name"], options=c["options"]) for c in document["configs"]]
+    labels = [c.label for c in configs]
+    if baseline not in labels:
+        raise BenchInputError(f"--baseline {baseline!r} is not a configuration of this run: {', '.join(labels)}")
+    rows = report.summarise(
+        document["records"], baseline, greedy=settings["temperature"] == 0, own_plain=own_plain(configs, BASELINE)
+    )
     title = f"{settings['model']}, T={settings['temperature']}, {settings['max_tokens']} new tokens"
     console = _console()
     console.print(report.render_table(rows, title))
     for label, reason in document.get("skipped", {}).items():
         console.print(f"[yellow]skipped {label}[/yellow]: {reason}")
-    for path in plots.draw_all(rows, baseline, directory, title):
+    for failure in document.get("failures", []):
+        console.print(
+            f"[red]failed[/red] {failure['config']} on prompt {failure['prompt_index']} "
+            f"(question {failure['question_id']}): {failure['error']}"
+        )
+    suffix = "" if baseline == "none" else f"_vs_{_file_safe(baseline)}"
+    for path in plots.draw_all(rows, baseline, directory, title, suffix):
         console.print(f"wrote {path}")
-    (directory / "table.md").write_text(report.markdown_table(rows) + "\n")
+    (directory / f"table{suffix}.md").write_text(report.markdown_table(rows) + "\n")
+
+
+def _file_safe(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -66,11 +89,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     if args.plot:
         path = Path(args.plot)
-        _report(run.load(path), path.parent)
+        _report(run.load(path), path.parent, args.baseline)
         return 0
     if args.per_category < 1 or args.max_tokens < 1 or args.temperature < 0:
         raise BenchInputError("--per-category and --max-tokens must be >= 1 and --temperature >= 0")
     configs = parse_configs(args.configs, drafter_names())
+    if args.baseline not in [c.label for c in configs]:
+        raise BenchInputError(f"--baseline {args.baseline!r} is not among the configurations")
     prompts = select(load_prompts(args.prompts), args.categories, args.per_category)
 
     from rich.progress import Progress
@@ -119,10 +144,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     env["load_average_before"] = os.getloadavg()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmark", total=len(encoded) * len(runners))
-        records = run.run_bench(runners, encoded, settings, lambda label: progress.advance(task))
+        failures: list[dict[str, Any]] = []
+        records = run.run_bench(runners, encoded, settings, lambda label: progress.advance(task), failures)
     env["load_average_after"] = os.getloadavg()
     directory = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
-    run.save(directory / "results.json", settings, configs, skipped, records, env)
+    run.save(directory / "results.json", settings, configs, skipped, records, env, failures)
     console.print(f"wrote {directory / 'results.json'}")
-    _report(run.load(directory / "results.json"), directory)
+    _report(run.load(directory / "results.json"), directory, args.baseline)
     return 0

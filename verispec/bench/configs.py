@@ -111,3 +111,34 @@ def parse_configs(texts: list[str], drafters: list[str]) -> list[BenchConfig]:
     if not any(c.is_baseline for c in configs):
         configs.insert(0, BenchConfig(label=BASELINE, name=BASELINE))
     return configs
+
+
+# A peer's own plain decoding: the run its speculative mode must be compared with.
+PEER_PLAIN = {"hf-prompt-lookup": "hf-generate", "llama.cpp-lookup": "llama.cpp"}
+
+
+def own_plain(configs: list[BenchConfig], fallback: str) -> dict[str, str]:
+    """For each speculative configuration, the plain decoding of the same runtime.
+
+    A verispec configuration's own plain run is ``none`` with the same backend, dtype and
+    exactness; a peer's speculative mode's is that peer's plain mode with the same dtype.
+    Identity (greedy output equal token for token) and the cost of a round in plain steps
+    mean something only against that run: another runtime's plain output differs by its
+    kernels and quantisation, not by speculation. Plain configurations, and speculative ones
+    without such a run in the bench, are held to ``fallback`` (verispec's plain decoding)."""
+
+    def settings(config: BenchConfig) -> tuple[tuple[str, str], ...]:
+        return tuple(
+            sorted((key, value) for key, value in config.options.items() if key in ("backend", "dtype", "exact"))
+        )
+
+    plain_names = {BASELINE, *PEER_PLAIN.values()}
+    plain_runs = {(c.name, settings(c)): c.label for c in configs if c.name in plain_names}
+    result = {}
+    for config in configs:
+        if config.name in plain_names:
+            result[config.label] = fallback
+        else:
+            plain = PEER_PLAIN.get(config.name, BASELINE)
+            result[config.label] = plain_runs.get((plain, settings(config)), fallback)
+    return result

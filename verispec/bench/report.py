@@ -3,14 +3,20 @@
 Per category (and overall) and configuration:
 
 - tok/s: generated tokens over wall-clock seconds (prefill included), summed over prompts;
-- speed-up: geometric mean over prompts of tok/s relative to the baseline ``none``;
+- speed-up: geometric mean over prompts of tok/s relative to the baseline (verispec's plain
+  decoding, ``none``, unless another is chosen);
+- own plain: the plain decoding of the configuration's own runtime (``configs.own_plain``:
+  ``none:backend=llama.cpp`` for ``lookup:backend=llama.cpp``, ``llama.cpp`` for
+  ``llama.cpp-lookup``), and the speed-up over it (``vs own``). Cost steps, efficiency and
+  identity are measured against that run;
 - tokens per round, acceptance rate, per-position acceptance, bonus shortfall: from the
   summed round counts;
-- cost steps: mean time of a drafted round over the baseline's mean plain-step time;
+- cost steps: mean time of a drafted round over the own plain run's mean step time;
 - pays: tokens per drafted round > cost steps;
 - predicted speed-up: the theory (rounds.predicted_speedup_for_rounds) fed with the measured
-  mix of round sizes, per-position acceptance and cost; efficiency = measured / predicted;
-- identical: for greedy runs, the share of prompts whose tokens equal the baseline's.
+  mix of round sizes, per-position acceptance and cost; efficiency = measured (vs own plain)
+  / predicted;
+- identical: for greedy runs, the share of prompts whose tokens equal the own plain run's.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class Row:
     tokens_per_second: float
     speedup: float | None
     identical: float | None
+    own_plain: str = ""
+    speedup_own: float | None = None
     tokens_per_round: float | None = None
     acceptance_rate: float | None = None
     per_position: list[float] = field(default_factory=list)
@@ -83,12 +91,24 @@ def _round_fields(row: Row, runs: list[dict[str, Any]], baseline: list[dict[str,
         row.predicted_speedup = rounds.predicted_speedup_for_rounds(histogram, row.per_position, row.cost_steps)
     else:
         row.predicted_speedup = 1.0
-    if row.speedup is not None and row.predicted_speedup:
-        row.efficiency = row.speedup / row.predicted_speedup
+    if row.speedup_own is not None and row.predicted_speedup:
+        row.efficiency = row.speedup_own / row.predicted_speedup
 
 
-def summarise(records: list[dict[str, Any]], baseline_label: str, greedy: bool) -> list[Row]:
-    """Rows per (category, config), categories in first-seen order, then ``overall``."""
+def _geometric_mean_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> float | None:
+    ratios = [r["tokens_per_second"] / b["tokens_per_second"] for r, b in pairs if b["tokens_per_second"] > 0]
+    if not ratios or min(ratios) <= 0:
+        return None
+    return math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+
+
+def summarise(
+    records: list[dict[str, Any]], baseline_label: str, greedy: bool, own_plain: dict[str, str] | None = None
+) -> list[Row]:
+    """Rows per (category, config), categories in first-seen order, then ``overall``.
+
+    ``own_plain`` maps a configuration to the plain run of its own runtime (default: the
+    baseline for all)."""
     categories: list[str] = []
     configs: list[str] = []
     for r in records:
@@ -96,33 +116,39 @@ def summarise(records: list[dict[str, Any]], baseline_label: str, greedy: bool) 
             categories.append(r["category"])
         if r["config"] not in configs:
             configs.append(r["config"])
+    own_plain = own_plain or {}
     rows = []
     for category in [*categories, OVERALL]:
         chosen = [r for r in records if category in (r["category"], OVERALL)]
-        base_by_prompt = {r["prompt_index"]: r for r in chosen if r["config"] == baseline_label}
+        by_config: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        for r in chosen:
+            by_config[r["config"]][r["prompt_index"]] = r
         for config in configs:
             runs = [r for r in chosen if r["config"] == config]
             if not runs:
                 continue
-            tokens = sum(r["tokens"] for r in runs)
-            seconds = sum(r["seconds"] for r in runs)
-            pairs = [(r, base_by_prompt[r["prompt_index"]]) for r in runs if r["prompt_index"] in base_by_prompt]
-            ratios = [r["tokens_per_second"] / b["tokens_per_second"] for r, b in pairs if b["tokens_per_second"] > 0]
-            speedup = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios and min(ratios) > 0 else None
-            identical = (
-                sum(r["token_ids"] == b["token_ids"] for r, b in pairs) / len(pairs) if greedy and pairs else None
-            )
+            base = by_config[baseline_label]
+            own_label = own_plain.get(config, baseline_label)
+            own = by_config[own_label]
+            pairs = [(r, base[r["prompt_index"]]) for r in runs if r["prompt_index"] in base]
+            own_pairs = [(r, own[r["prompt_index"]]) for r in runs if r["prompt_index"] in own]
             row = Row(
                 category=category,
                 config=config,
                 prompts=len(runs),
-                tokens_per_second=tokens / seconds if seconds else 0.0,
-                speedup=speedup,
-                identical=identical,
-                peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
+                tokens_per_second=sum(r["tokens"] for r in runs) / (sum(r["seconds"] for r in runs) or math.inf),
+                speedup=_geometric_mean_ratio(pairs),
+                identical=(
+                    sum(r["token_ids"] == b["token_ids"] for r, b in own_pairs) / len(own_pairs)
+                    if greedy and own_pairs
+                    else None
+                ),
+                own_plain=own_label,
+                speedup_own=_geometric_mean_ratio(own_pairs),
             )
+            row.peak_rss_mb = max(r["peak_rss_mb"] for r in runs)
             if all(r.get("stats") for r in runs):
-                _round_fields(row, runs, [b for _, b in pairs])
+                _round_fields(row, runs, [b for _, b in own_pairs])
             rows.append(row)
     return rows
 
@@ -140,7 +166,8 @@ def render_table(rows: list[Row], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    columns = ["category", "config", "n", "tok/s", "speed-up", "tok/round", "accept", "per-position"]
+    columns = ["category", "config", "n", "tok/s", "speed-up", "own plain", "vs own", "tok/round", "accept"]
+    columns += ["per-position"]
     columns += ["shortfall", "cost steps", "pays", "predicted", "efficiency", "identical", "peak MB"]
     for name in columns:
         table.add_column(name, justify="left" if name in ("category", "config", "per-position") else "right")
@@ -152,6 +179,8 @@ def render_table(rows: list[Row], title: str) -> Any:
             str(row.prompts),
             f"{row.tokens_per_second:.1f}",
             _fmt(row.speedup, "{:.2f}x"),
+            row.own_plain,
+            _fmt(row.speedup_own, "{:.2f}x"),
             _fmt(row.tokens_per_round),
             _fmt(row.acceptance_rate, "{:.0%}"),
             " ".join(f"{a:.2f}" for a in row.per_position[:8]) or "-",
@@ -169,11 +198,9 @@ def render_table(rows: list[Row], title: str) -> Any:
 
 def markdown_table(rows: list[Row]) -> str:
     """The same table as GitHub markdown, for BENCHMARKS.md."""
-    header = (
-        "| category | config | n | tok/s | speed-up | tok/round | accept | cost steps | pays | predicted | efficiency"
-    )
-    header += " | identical |"
-    lines = [header, "|" + "---|" * 12]
+    header = "| category | config | n | tok/s | speed-up | own plain | vs own | tok/round | accept | cost steps | pays"
+    header += " | predicted | efficiency | identical |"
+    lines = [header, "|" + "---|" * 14]
     for row in rows:
         cells = [
             row.category,
@@ -181,6 +208,8 @@ def markdown_table(rows: list[Row]) -> str:
             str(row.prompts),
             f"{row.tokens_per_second:.1f}",
             _fmt(row.speedup, "{:.2f}x"),
+            row.own_plain,
+            _fmt(row.speedup_own, "{:.2f}x"),
             _fmt(row.tokens_per_round),
             _fmt(row.acceptance_rate, "{:.0%}"),
             _fmt(row.cost_steps),

@@ -94,8 +94,13 @@ def run_bench(
     prompts: list[tuple[Prompt, list[int]]],
     settings: BenchSettings,
     progress: Callable[[str], None] | None = None,
+    failures: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Warm up, then run every prompt on every runner, interleaved; returns flat records."""
+    """Warm up, then run every prompt on every runner, interleaved; returns flat records.
+
+    A run that raises (a peer's bug, a prompt over one runtime's context) is appended to
+    ``failures`` (config, prompt, error) instead of ending the benchmark; that prompt then
+    counts for no ratio of that configuration."""
     labels = list(runners)
     for label in labels:  # warm-up: first-call costs (allocations, kernels, calibration)
         runners[label].run(prompts[0][1], WARMUP_TOKENS, settings.temperature, settings.seed)
@@ -103,7 +108,20 @@ def run_bench(
     for index, (prompt, prompt_ids) in enumerate(prompts):
         shift = index % len(labels)
         for label in labels[shift:] + labels[:shift]:
-            record: RunRecord = runners[label].run(prompt_ids, settings.max_tokens, settings.temperature, settings.seed)
+            try:
+                record: RunRecord = runners[label].run(
+                    prompt_ids, settings.max_tokens, settings.temperature, settings.seed
+                )
+            except Exception as error:  # one failed run must not lose the others
+                if failures is None:
+                    raise
+                failures.append(
+                    {"config": label, "prompt_index": index, "question_id": prompt.question_id, "error": repr(error)}
+                )
+                continue
+            finally:
+                if progress is not None:
+                    progress(label)
             row = asdict(record)
             row.update(
                 config=label,
@@ -114,8 +132,6 @@ def run_bench(
                 tokens_per_second=record.tokens_per_second,
             )
             records.append(row)
-            if progress is not None:
-                progress(label)
     return records
 
 
@@ -126,6 +142,7 @@ def save(
     skipped: dict[str, str],
     records: list[dict[str, Any]],
     env: dict[str, Any],
+    failures: list[dict[str, Any]] | None = None,
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
@@ -134,6 +151,7 @@ def save(
         "skipped": skipped,
         "environment": env,
         "records": records,
+        "failures": failures or [],
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     path.write_text(json.dumps(document, indent=1))

@@ -132,7 +132,7 @@ class LlamaCppRunner:
             draft = LlamaPromptLookupDecoding(num_pred_tokens=config.int_option("n", DEFAULT_LOOKUP_N))
         self.llm = Llama(
             model_path=gguf_path,
-            n_ctx=4096,
+            n_ctx=0,  # the model's trained context: the same room the verispec targets get
             n_threads=threads,
             n_threads_batch=threads,
             draft_model=draft,

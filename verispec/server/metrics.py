@@ -4,6 +4,10 @@ The speculative counters carry design.md's terms: a *round* is one draft + one v
 *offered* the drafted tokens, *accepted* those the rule kept, *bonus* the token the verify
 pass commits past them. Per-position counters are labelled with the draft position,
 1 being the first drafted token of a round; their ratio is per-position acceptance.
+
+The governor's decisions (``--k auto``): rounds by the k it chose (0 = a plain step),
+its probes after a plain back-off, and each generation's measured cost of a drafted round
+in plain decode steps.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from verispec.stats import RequestStats
 
+COST_STEP_BUCKETS = (1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -52,6 +57,21 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.k_chosen = Counter(
+            "verispec_governor_k_chosen",
+            "rounds by the k the governor chose for them (0 = a plain step; --k auto only)",
+            ["k"],
+            registry=r,
+        )
+        self.governor_probes = Counter(
+            "verispec_governor_probes", "rounds the governor drafted to re-probe after a plain back-off", registry=r
+        )
+        self.cost_steps = Histogram(
+            "verispec_round_cost_steps",
+            "per generation: the mean time of a drafted round over a plain decode step",
+            buckets=COST_STEP_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("verispec_queue_depth", "requests admitted and waiting for the engine", registry=r)
         self.running = Gauge("verispec_running_requests", "requests the engine is generating for now", registry=r)
 
@@ -67,6 +87,11 @@ class Metrics:
         ):
             self.offered_by_position.labels(position=str(i + 1)).inc(offered)
             self.accepted_by_position.labels(position=str(i + 1)).inc(accepted)
+        for k, count in stats.k_chosen_histogram.items():
+            self.k_chosen.labels(k=str(k)).inc(count)
+        self.governor_probes.inc(stats.governor_probes)
+        if stats.cost_steps is not None:
+            self.cost_steps.observe(stats.cost_steps)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

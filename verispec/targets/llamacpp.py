@@ -28,7 +28,7 @@ import numpy as np
 
 from verispec.targets.base import Logits, TargetError
 
-DEFAULT_CONTEXT = 4096
+DEFAULT_CONTEXT = 8192  # positions, capped by the model's trained context
 BATCH = 512  # tokens per llama_decode while prefilling
 
 

@@ -1,0 +1,98 @@
+"""Compact markdown views of a ``verispec bench`` run, for BENCHMARKS.md.
+
+    .venv/bin/python benchmarks/bench_summary.py bench-results/full/results.json
+
+Prints: the speed-up matrix (category x configuration, over verispec's plain decoding);
+fixed k against ``--k auto`` per category (the governor's targets: auto >= 0.97 everywhere,
+and within 5% of the best fixed k where a fixed k pays); the llama.cpp rows against
+llama-cpp-python's own plain decoding and its prompt-lookup mode; and the identity rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from verispec.bench import run
+from verispec.bench.configs import BenchConfig, own_plain
+from verispec.bench.report import OVERALL, Row, summarise
+
+
+def rows_for(document: dict, baseline: str) -> dict[tuple[str, str], Row]:
+    configs = [BenchConfig(label=c["label"], name=c["name"], options=c["options"]) for c in document["configs"]]
+    rows = summarise(document["records"], baseline, greedy=True, own_plain=own_plain(configs, "none"))
+    return {(r.category, r.config): r for r in rows}
+
+
+def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def matrix(rows: dict[tuple[str, str], Row], categories: list[str], configs: list[str], field: str) -> str:
+    lines = ["| category | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
+    for category in categories:
+        cells = [fmt(getattr(rows[(category, c)], field)) if (category, c) in rows else "-" for c in configs]
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    args = parser.parse_args()
+    document = run.load(args.results)
+    rows = rows_for(document, "none")
+    labels = [c["label"] for c in document["configs"]]
+    categories = [*dict.fromkeys(r["category"] for r in document["records"]), OVERALL]
+
+    print("### Speed-up over verispec plain decoding (`none`), geometric mean of per-prompt ratios\n")
+    print(matrix(rows, categories, [c for c in labels if c != "none"], "speedup"))
+
+    fixed = [c for c in ("lookup:k=2", "lookup:k=4", "lookup:k=8") if c in labels]
+    if "lookup" in labels and fixed:
+        print("\n### Fixed k against `--k auto` (lookup), and the always-wrong control\n")
+        print("| category | " + " | ".join(fixed) + " | lookup (auto) | auto / best fixed | wrong (auto) |")
+        print("|---|" + "---|" * (len(fixed) + 3))
+        for category in categories:
+            speeds = [rows[(category, c)].speedup or 0.0 for c in fixed]
+            auto = rows[(category, "lookup")].speedup or 0.0
+            wrong = rows.get((category, "wrong"))
+            cells = [fmt(v) for v in speeds] + [
+                fmt(auto),
+                fmt(auto / max(speeds)),
+                fmt(wrong.speedup if wrong else None),
+            ]
+            print(f"| {category} | " + " | ".join(cells) + " |")
+
+    if "llama.cpp" in labels:
+        versus = rows_for(document, "llama.cpp")
+        llama = [c for c in labels if "llama.cpp" in c and c != "llama.cpp"]
+        print("\n### llama.cpp: speed-up over llama-cpp-python plain decoding (`llama.cpp`)\n")
+        print(matrix(versus, categories, llama, "speedup"))
+        focus = [c for c in ("summarization", "rag", "extraction") if (c, "lookup:backend=llama.cpp") in versus]
+        if focus and "llama.cpp-lookup" in labels:
+            spec = [versus[(c, "lookup:backend=llama.cpp")].speedup or 0.0 for c in focus]
+            over_lookup = rows_for(document, "llama.cpp-lookup")[(OVERALL, "lookup:backend=llama.cpp")].speedup
+            print(
+                f"\nlookup:backend=llama.cpp over llama.cpp plain, geometric mean over {', '.join(focus)}: "
+                f"{geomean(spec):.2f}x; over llama.cpp-lookup overall: {fmt(over_lookup)}x"
+            )
+
+    print("\n### Greedy identity with the plain decoding of the same runtime (share of prompts)\n")
+    print("| config | own plain | identical | tokens/round | acceptance |")
+    print("|---|---|---|---|---|")
+    for label in labels:
+        row = rows[(OVERALL, label)]
+        print(
+            f"| {label} | {row.own_plain} | {fmt(row.identical, '{:.0%}')} | {fmt(row.tokens_per_round)} "
+            f"| {fmt(row.acceptance_rate, '{:.0%}')} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The benchmark loop: interleaving, and one failed run that does not lose the others."""
+
+import pytest
+
+from verispec.bench.run import BenchSettings, run_bench
+from verispec.bench.runners import RunRecord
+from verispec.prompts import Prompt
+
+
+class CountingRunner:
+    """Emits the prompt's ids back; raises on the prompts listed in ``fail_on`` (by first id)."""
+
+    def __init__(self, calls, label, fail_on=()):
+        self.calls, self.label, self.fail_on = calls, label, set(fail_on)
+
+    def run(self, prompt_ids, max_tokens, temperature, seed):
+        self.calls.append((self.label, prompt_ids[0]))
+        if prompt_ids[0] in self.fail_on:
+            raise ValueError(f"overflow on {prompt_ids[0]}")
+        return RunRecord(tokens=len(prompt_ids), seconds=1.0, token_ids=list(prompt_ids), peak_rss_mb=1.0)
+
+
+SETTINGS = BenchSettings(model="m", max_tokens=4, temperature=0.0, seed=0, default_k="auto", prompts_file="p")
+PROMPTS = [(Prompt(str(i), "qa", "x"), [i, i]) for i in range(3)]
+
+
+def test_interleaved_rotation_after_warm_up():
+    calls = []
+    runners = {name: CountingRunner(calls, name) for name in ("a", "b", "c")}
+    records = run_bench(runners, PROMPTS, SETTINGS)
+    # Warm-up of each on the first prompt, then each prompt with the order rotated by one.
+    assert calls[:3] == [("a", 0), ("b", 0), ("c", 0)]
+    assert [name for name, _ in calls[3:]] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert len(records) == 9
+
+
+def test_a_failed_run_is_recorded_and_the_rest_continue():
+    calls = []
+    runners = {"ok": CountingRunner(calls, "ok"), "flaky": CountingRunner(calls, "flaky", fail_on={1})}
+    failures = []
+    records = run_bench(runners, PROMPTS, SETTINGS, failures=failures)
+    assert [(r["config"], r["prompt_index"]) for r in records if r["config"] == "flaky"] == [("flaky", 0), ("flaky", 2)]
+    assert len([r for r in records if r["config"] == "ok"]) == 3
+    assert failures == [
+        {"config": "flaky", "prompt_index": 1, "question_id": "1", "error": "ValueError('overflow on 1')"}
+    ]
+    # Without a list to collect them, failures propagate.
+    with pytest.raises(ValueError, match="overflow on 1"):
+        run_bench(runners, PROMPTS, SETTINGS)
