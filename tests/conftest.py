@@ -26,6 +26,21 @@ def tiny_engine(tiny_dir, draft_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_train_data(tmp_path_factory):
+    """One cache of the tiny target's responses and hidden states for every training test."""
+    return tmp_path_factory.mktemp("tiny-train-data")
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(tiny_dir, tiny_train_data, tmp_path_factory):
+    """{"head": dir, "block": dir}: drafters trained briefly for the tiny target."""
+    root = tmp_path_factory.mktemp("tiny-drafters")
+    for kind in ("block", "head"):  # the head reads the block's cached states (its last layer)
+        tiny.train_tiny_drafter(kind, tiny_dir, root / kind, tiny_train_data)
+    return {"head": root / "head", "block": root / "block"}
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
     from tests.tiny_gguf import write_tiny_gguf
 

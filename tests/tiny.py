@@ -74,3 +74,28 @@ def save(model, directory: Path, tokenizer=None) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
     (tokenizer or char_tokenizer()).save_pretrained(directory)
     return directory
+
+
+# Trained drafters for the tiny target: small enough to train in seconds in a test session.
+TINY_NET = {"heads": 4, "kv_heads": 2, "head_dim": 8, "intermediate": 64, "window": 32, "block_size": 5}
+TINY_DATA = {"tokens": 1500, "max_new_tokens": 40, "batch_size": 16}
+
+
+def train_tiny_drafter(kind: str, target_dir: Path, out: Path, data_dir: Path, steps: int = 250, on_step=None, **train):
+    """Train a ``kind`` drafter for the tiny target in ``target_dir`` through the real
+    pipeline (data cached in ``data_dir``); returns the summary. ``train``: TrainSettings overrides."""
+    from verispec.train.data import DataSettings
+    from verispec.train.pipeline import NetSettings, TrainSettings, train_drafter
+
+    settings = {"steps": steps, "items": 8, "span": 24, "lr": 3e-3, "warmup": 10, "checkpoint_every": 50, **train}
+    return train_drafter(
+        kind,
+        out,
+        str(target_dir),
+        DataSettings(**TINY_DATA),
+        NetSettings(**TINY_NET),
+        TrainSettings(**settings),
+        data_dir=data_dir,
+        dtype="float32",
+        on_step=on_step,
+    )

@@ -25,6 +25,7 @@ def load_engine(
     draft_model: str | None = None,
     chat: bool | None = None,
     exact: bool | None = None,
+    drafter_weights: str | None = None,
 ) -> Engine:
     """An engine for ``model`` (None: the embedded default).
 
@@ -35,18 +36,20 @@ def load_engine(
     torch: default on where it can be done; llama.cpp: off by default, since on it exactness
     means verifying token by token (no speed-up). ``draft_model`` loads a second model on the
     same backend for the ``model`` drafter; its vocabulary is checked when the drafter is built.
+    ``drafter_weights``: a directory of trained ``head``/``block`` weights (default: the ones
+    shipped for the embedded model); checked against the target when the drafter is built.
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if backend == "llama.cpp":
-        return _load_llamacpp(model, draft_model, chat, bool(exact))
+        return _load_llamacpp(model, draft_model, chat, bool(exact), drafter_weights)
     from verispec.targets.torch_target import TorchTarget, default_device, parse_dtype
 
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     loaded = models.load(model, dtype=torch_dtype, device=device)
     target = TorchTarget(loaded.model, name=loaded.source.name, eos_token_ids=eos_ids(loaded), exact=exact)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"drafter_weights": drafter_weights} if drafter_weights else {}
     if draft_model is not None:
         draft = models.load(draft_model, dtype=torch_dtype, device=device)
         options["draft_target"] = TorchTarget(
@@ -63,7 +66,9 @@ def load_engine(
     )
 
 
-def _load_llamacpp(model: str | None, draft_model: str | None, chat: bool | None, exact: bool) -> Engine:
+def _load_llamacpp(
+    model: str | None, draft_model: str | None, chat: bool | None, exact: bool, drafter_weights: str | None
+) -> Engine:
     import time
 
     from verispec.targets.llamacpp import LlamaCppTarget
@@ -74,7 +79,7 @@ def _load_llamacpp(model: str | None, draft_model: str | None, chat: bool | None
         raise ModelLoadError(f"the llama.cpp backend loads GGUF files; {source.name} is a {source.kind} model")
     target = LlamaCppTarget(source.location, name=f"{source.name} (llama.cpp)", exact=exact)
     tokenizer = models.tokenizer_for(source)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"drafter_weights": drafter_weights} if drafter_weights else {}
     if draft_model is not None:
         draft = models.resolve(draft_model)
         if draft.kind != "gguf":
@@ -105,7 +110,7 @@ _ENGINES: dict[tuple[Any, ...], Engine] = {}
 
 def generate(prompt: Any, model: str | None = None, drafter: str = "lookup", k: int = 4, **options: Any) -> Generation:
     """Generate with a cached engine for ``model``; sampling options as in ``SamplingParams``."""
-    load_keys = ("backend", "dtype", "device", "draft_model", "exact")
+    load_keys = ("backend", "dtype", "device", "draft_model", "exact", "drafter_weights")
     load_options = {key: options.pop(key) for key in load_keys if key in options}
     key = (model, *(load_options.get(k_) for k_ in load_keys))
     if key not in _ENGINES:

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate text and print acceptance beside tok/s")
     gen.add_argument("prompt")
-    gen.add_argument("--drafter", default="lookup", help="lookup, model or none")
+    gen.add_argument("--drafter", default="lookup", help="lookup, head, block, model or none")
     gen.add_argument("--k", type=k_value, default="auto", help="drafts per round: auto (governed) or a number")
     gen.add_argument("--k-max", type=int, default=8, help="the most drafts per round --k auto may choose")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template")
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.server.cli import add_serve_parser
 
     add_serve_parser(commands)
+    from verispec.train.cli import add_train_parser
+
+    add_train_parser(commands)
     return parser
 
 

@@ -35,6 +35,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--no-exact is faster but greedy output may then differ from plain decoding",
     )
     group.add_argument("--draft-model", default=None, help="draft model for --drafter model")
+    group.add_argument(
+        "--drafter-weights",
+        default=None,
+        help="trained weights for --drafter head/block (a directory from verispec train-drafter, or one "
+        "holding head/ and block/); default: the weights shipped for the embedded model",
+    )
 
 
 def model_options(args: argparse.Namespace) -> dict[str, object]:
@@ -45,4 +51,5 @@ def model_options(args: argparse.Namespace) -> dict[str, object]:
         "device": args.device,
         "exact": args.exact,
         "draft_model": args.draft_model,
+        "drafter_weights": args.drafter_weights,
     }

@@ -221,13 +221,20 @@ class Engine:
         return stream.result
 
     def _run(self, request: _Request, stream: GenerationStream) -> Iterator[str]:
+        # A drafter trained on the target's hidden states says which ones it reads
+        # (``hidden_capture``); the target keeps them from its own passes for this request.
+        capture = getattr(request.drafter, "hidden_capture", None)
         with self._lock:
             try:
+                if capture is not None:
+                    self.target.capture_hidden(capture)  # type: ignore[attr-defined]
                 yield from self._rounds(request)
                 self._finish_costs(request)
             finally:
                 self.target.reset()
                 request.drafter.reset()
+                if capture is not None:
+                    self.target.capture_hidden(None)  # type: ignore[attr-defined]
         stream.result = Generation(
             text=request.text.text,
             token_ids=request.context[len(request.prompt_ids) :],

@@ -12,6 +12,7 @@ from verispec.models import ModelLoadError
 from verispec.prompts import PromptSetError
 from verispec.sampling import SamplingError
 from verispec.targets.base import TargetError
+from verispec.train.loop import TrainError
 
 USER_ERRORS: tuple[type[Exception], ...] = (
     ModelLoadError,
@@ -23,4 +24,5 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     BenchConfigError,
     BenchInputError,
     PromptSetError,
+    TrainError,
 )

@@ -84,10 +84,17 @@ def compare(counts, law, runs=N_RUNS):
     return pvalue, deviation, int(big.sum())
 
 
-# ("lookup", "auto") runs the same test with the economics governor choosing k.
-@pytest.mark.parametrize(("drafter", "k"), [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto")])
-def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k):
-    counts, offered, accepted = run_engine(tiny_engine, drafter, k)
+# ("lookup", "auto") runs the same test with the economics governor choosing k; "head" and
+# "block" are the trained drafters (trained briefly on the tiny target, tiny_drafters).
+@pytest.mark.parametrize(
+    ("drafter", "k"), [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto"), ("head", 3), ("block", 3)]
+)
+def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, request):
+    chosen = drafter
+    if drafter in ("head", "block"):
+        weights = request.getfixturevalue("tiny_drafters")[drafter]
+        chosen = tiny_engine.drafter(drafter, drafter_weights=str(weights))
+    counts, offered, accepted = run_engine(tiny_engine, chosen, k)
     pvalue, deviation, cells = compare(counts, exact_law)
     tol = tolerance(N_RUNS)
     print(

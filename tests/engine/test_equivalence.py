@@ -28,6 +28,22 @@ def test_greedy_speculative_equals_plain(tiny_engine, drafter, k):
         assert offered > 0 and 0 < accepted < offered, (offered, accepted)
 
 
+@pytest.mark.parametrize("k", [1, 3, 8, "auto"])
+@pytest.mark.parametrize("kind", ["head", "block"])
+def test_greedy_with_trained_drafters_equals_plain(tiny_engine, tiny_drafters, kind, k):
+    # Drafters conditioned on the target's hidden states (trained briefly on the tiny target);
+    # "H" is a one-token prompt: no hidden state exists before the first verify.
+    drafter = tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
+    offered = accepted = 0
+    for prompt in [*PROMPTS, "H"]:
+        result = tiny_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        assert result.token_ids == plain_output(tiny_engine, prompt), f"{kind} k={k} diverged on {prompt!r}"
+        offered += result.stats.offered
+        accepted += result.stats.accepted
+    if k != "auto":
+        assert offered > 0 and 0 < accepted < offered, (offered, accepted)
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_drafting_with_the_target_itself_accepts_everything(tiny_engine, k):
     prompt = PROMPTS[1]

@@ -131,3 +131,47 @@ def test_exact_model_agrees_with_the_stock_model():
     for target in (stock, exact):
         target.prefill(PROMPT)
     np.testing.assert_allclose(exact.verify(CONTINUATION), stock.verify(CONTINUATION), atol=1e-4)
+
+
+def full_forward_hidden(model, ids, layers):
+    with torch.no_grad():
+        states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    return torch.cat([states[layer][0] for layer in layers], dim=-1)
+
+
+@pytest.mark.parametrize("row_by_row", [False, True])
+def test_captured_hidden_states_are_the_models_own(row_by_row):
+    from verispec.targets.base import HiddenCapture
+
+    model = tiny.tiny_model(seed=0)
+    target = TorchTarget(model)
+    target.batched_verify_exact = not row_by_row  # True: the exact fallback, one forward per row
+    layers = (0, 1, 2)
+    target.capture_hidden(HiddenCapture(layers, prefill_rows=4))
+    expected = full_forward_hidden(model, PROMPT + CONTINUATION[:5], layers)
+    target.prefill(PROMPT)
+    assert target.last_hidden.shape == (4, 3 * 32)  # the prompt's last 4 positions
+    torch.testing.assert_close(target.last_hidden, expected[len(PROMPT) - 4 : len(PROMPT)], rtol=1e-4, atol=1e-4)
+    target.verify(CONTINUATION[:5])
+    assert target.last_hidden.shape == (5, 3 * 32)  # one row per verified token
+    torch.testing.assert_close(target.last_hidden, expected[len(PROMPT) :], rtol=1e-4, atol=1e-4)
+    target.capture_hidden(None)
+    target.verify(CONTINUATION[5:6])
+    assert target.last_hidden is None
+
+
+def test_capture_of_a_layer_the_model_lacks_is_refused():
+    from verispec.targets.base import HiddenCapture
+
+    target = TorchTarget(tiny.tiny_model(seed=0, layers=2))
+    with pytest.raises(TargetError, match="hidden states 0..2"):
+        target.capture_hidden(HiddenCapture((3,)))
+
+
+def test_weights_fingerprint_is_the_same_in_fp32_and_bf16_and_differs_between_models():
+    from verispec.targets.torch_target import weights_fingerprint
+
+    model = tiny.tiny_model(seed=0)
+    bf16 = tiny.tiny_model(seed=0).to(torch.bfloat16)
+    assert weights_fingerprint(model) == weights_fingerprint(bf16)
+    assert weights_fingerprint(model) != weights_fingerprint(tiny.tiny_model(seed=1))

@@ -9,6 +9,12 @@ Lifecycle, one line each:
   bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
 - ``reset()``: forget the request.
 
+A drafter conditioned on the target's hidden states (``head``, ``block``) also has a
+``hidden_capture`` attribute (a ``verispec.targets.base.HiddenCapture``): the engine turns
+the target's capture on for the request, so ``begin`` finds the prompt's states in
+``target.last_hidden`` and ``observe`` the last verify pass's (rows 0..accepted are the
+committed positions).
+
 A drafter proposes and observes; it never decides acceptance. The engine creates drafters
 through ``create_drafter(name, ...)``; the registry is the only place names are looked up.
 """
@@ -98,4 +104,4 @@ def create_drafter(name: str, context: DrafterContext) -> Drafter:
 
 def _load_builtin() -> None:
     # Importing the modules registers their drafters.
-    from verispec.drafters import control, lookup, model, none  # noqa: F401
+    from verispec.drafters import block, control, head, lookup, model, none  # noqa: F401

@@ -9,7 +9,8 @@ token after input i. Rolling back to ``n`` keeps the first ``n`` cached position
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -78,3 +79,56 @@ def check_can_run(target: Target, prompt_tokens: int) -> None:
             f"the prompt has {prompt_tokens} tokens but {target.name} has a context of "
             f"{target.context_length}: no room to generate"
         )
+
+
+@dataclass(frozen=True)
+class HiddenCapture:
+    """Which hidden states a target keeps from its forward passes, for drafters trained on them.
+
+    layers: indices into the model's hidden states, 0 = the token embeddings, i = the output
+    of decoder layer i, the last index (= number of layers) = the final normed state the LM
+    head reads. prefill_rows: how many of the prompt's last positions ``prefill`` keeps.
+    """
+
+    layers: tuple[int, ...]
+    prefill_rows: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.layers or min(self.layers) < 0:
+            raise ValueError(f"hidden layers must be a non-empty list of indices >= 0, got {self.layers}")
+        if self.prefill_rows < 0:
+            raise ValueError(f"prefill_rows must be >= 0, got {self.prefill_rows}")
+
+
+@runtime_checkable
+class HiddenStateTarget(Protocol):
+    """A target that can hand its hidden states to a drafter (the torch backend).
+
+    After ``capture_hidden(capture)``, every ``prefill`` and ``verify`` leaves in
+    ``last_hidden`` a float tensor (rows, len(layers) * hidden_size): for verify one row per
+    input token, for prefill the last ``prefill_rows`` prompt positions; the layers'
+    states side by side in the order asked. ``capture_hidden(None)`` stops it.
+    """
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def last_hidden(self) -> Any: ...
+
+    def capture_hidden(self, capture: HiddenCapture | None) -> None: ...
+
+    def token_embeddings(self) -> Any:
+        """The input embedding matrix (V, hidden), shared (never copied into a drafter's weights)."""
+        ...
+
+    def lm_head_weight(self) -> Any:
+        """The output projection (V, hidden): logits = final hidden @ weight.T."""
+        ...
+
+    def weights_fingerprint(self) -> str:
+        """A hash of the model's weights that trained drafters record and check."""
+        ...

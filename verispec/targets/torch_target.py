@@ -4,10 +4,14 @@ Device and dtype: CUDA when present, else the CPU with as many threads as the pr
 use; the dtype is chosen by ``default_dtype`` unless given. Rollback crops the transformers
 ``DynamicCache``; a cache with layers that cannot be cropped (sliding windows, recurrent
 state) reports ``supports_rollback = False`` and the engine refuses to run on it.
+
+Hidden states for drafters trained on them (``capture_hidden``) come out of the same forward
+passes (``output_hidden_states``): the cost is slicing and concatenating a few rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -17,7 +21,7 @@ import numpy as np
 import torch
 
 from verispec.targets import batch_invariant
-from verispec.targets.base import Logits, TargetError
+from verispec.targets.base import HiddenCapture, Logits, TargetError
 
 PREFILL_CHUNK = 512  # prompt tokens per forward pass while prefilling
 
@@ -99,6 +103,9 @@ class TorchTarget:
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self._context = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self._eos = frozenset(eos_token_ids if eos_token_ids is not None else _eos_from(model))
+        self._capture: HiddenCapture | None = None
+        self._last_hidden: torch.Tensor | None = None
+        self._fingerprint: str | None = None
         if self.exact:
             self.batched_verify_exact = self.self_test()
             if not self.batched_verify_exact:
@@ -132,15 +139,57 @@ class TorchTarget:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        """(rows, len(layers) * hidden) of the last prefill or verify, when capturing."""
+        return self._last_hidden
+
+    def capture_hidden(self, capture: HiddenCapture | None) -> None:
+        if capture is not None and max(capture.layers) > self.num_layers:
+            raise TargetError(
+                f"{self.name} has hidden states 0..{self.num_layers}; asked for layers {list(capture.layers)}"
+            )
+        self._capture = capture
+        self._last_hidden = None
+
+    def token_embeddings(self) -> torch.Tensor:
+        weight: torch.Tensor = self.model.get_input_embeddings().weight
+        return weight.detach()
+
+    def lm_head_weight(self) -> torch.Tensor:
+        weight: torch.Tensor = self.model.get_output_embeddings().weight
+        return weight.detach()
+
+    def weights_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.model)
+        return self._fingerprint
+
     def reset(self) -> None:
         self._cache = self._cache_type(config=self.model.config)
         self._length = 0
+        self._last_hidden = None
 
     def prefill(self, token_ids: Sequence[int]) -> None:
         self.reset()
         ids = list(token_ids)
+        keep = self._capture.prefill_rows if self._capture is not None else 0
+        kept: list[torch.Tensor] = []
         for start in range(0, len(ids), PREFILL_CHUNK):
             self._forward(ids[start : start + PREFILL_CHUNK], keep_logits=False)
+            if self._last_hidden is not None and keep:
+                kept.append(self._last_hidden[-keep:])
+        if self._capture is not None:
+            empty = torch.zeros(0, len(self._capture.layers) * self.hidden_size, dtype=self.dtype)
+            self._last_hidden = torch.cat(kept)[-keep:] if kept and keep else empty
 
     def verify(self, token_ids: Sequence[int]) -> Logits:
         if not token_ids:
@@ -150,7 +199,14 @@ class TorchTarget:
                 f"{self.name}: {self._length + len(token_ids)} positions exceed the context {self._context}"
             )
         if self.exact and not self.batched_verify_exact:
-            logits = torch.cat([self._forward([token], keep_logits=True) for token in token_ids])
+            logits_rows, hidden_rows = [], []
+            for token in token_ids:
+                logits_rows.append(self._forward([token], keep_logits=True))
+                if self._last_hidden is not None:
+                    hidden_rows.append(self._last_hidden)
+            logits = torch.cat(logits_rows)
+            if hidden_rows:  # row by row: the verify's hidden states are the rows' in order
+                self._last_hidden = torch.cat(hidden_rows)
         else:
             with batch_invariant.verify_block():
                 logits = self._forward(list(token_ids), keep_logits=True)
@@ -183,8 +239,10 @@ class TorchTarget:
 
     @torch.inference_mode()
     def _forward(self, ids: list[int], keep_logits: bool) -> torch.Tensor:
+        """Logits of one forward pass over ``ids``; sets ``_last_hidden`` when capturing."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         positions = torch.arange(self._length, self._length + len(ids), device=self.device)
+        capture = self._capture
         out = self.model(
             input_ids=input_ids,
             past_key_values=self._cache,
@@ -192,9 +250,29 @@ class TorchTarget:
             cache_position=positions,
             position_ids=positions.unsqueeze(0),
             logits_to_keep=0 if keep_logits else 1,
+            output_hidden_states=capture is not None,
         )
         self._length += len(ids)
+        if capture is not None:
+            states = out.hidden_states
+            self._last_hidden = torch.cat([states[layer][0] for layer in capture.layers], dim=-1).cpu()
         return out.logits[0]
+
+
+def weights_fingerprint(model: Any) -> str:
+    """SHA-256 over a model's parameters (names, shapes, values rounded to bf16).
+
+    Rounding to bf16 first makes the hash the same whether the model was loaded in fp32 or
+    bf16 (loading rounds to nearest even, as ``to(bfloat16)`` does), so drafter weights trained
+    on one load of a target are recognised on the other.
+    """
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            values = parameter.detach().to(device="cpu", dtype=torch.bfloat16).contiguous()
+            digest.update(f"{name}{tuple(values.shape)}".encode())
+            digest.update(values.view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _eos_from(model: Any) -> list[int]:

@@ -1,0 +1,119 @@
+"""The ``head`` drafter on the tiny target: q is its sampling law, invariants of its drafts,
+refusals (weights of another target, a target without hidden states)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests import tiny
+from tests.drafters import trained
+from verispec.drafters import head
+from verispec.drafters.base import DrafterContext, DrafterError, create_drafter
+from verispec.sampling import SamplingParams
+from verispec.targets.torch_target import TorchTarget
+
+PROMPT = "the cat sat on the mat. the cat"
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny_engine, tiny_drafters):
+    return tiny_engine.drafter("head", drafter_weights=str(tiny_drafters["head"]))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 8, "top_p": 0.9, "repetition_penalty": 1.3}],
+    ids=["plain", "filtered-penalised"],
+)
+def test_q_is_the_law_the_drafts_were_drawn_from(tiny_engine, drafter, params):
+    report = trained.check_q_is_the_sampling_law(tiny_engine, drafter, PROMPT, SamplingParams(**params))
+    print(f"\n  head {params}: {report}")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    temperature=st.sampled_from([0.0, 0.3, 1.0, 1.8]),
+    top_k=st.integers(0, 12),
+    top_p=st.floats(0.3, 1.0),
+    presence=st.floats(-1.0, 2.0),
+    seed=st.integers(0, 2**32 - 1),
+    k=st.integers(1, 6),
+)
+def test_every_draft_has_mass_under_its_row(tiny_engine, drafter, temperature, top_k, top_p, presence, seed, k):
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, presence_penalty=presence)
+    context = trained.prepared(tiny_engine, drafter, PROMPT, params)
+    try:
+        draft = drafter.propose(context, k, np.random.default_rng(seed))
+    finally:
+        trained.release(tiny_engine, drafter)
+    assert draft.probs is not None and draft.probs.shape == (k, tiny.VOCAB)
+    np.testing.assert_allclose(draft.probs.sum(axis=1), 1.0, atol=1e-9)
+    assert all(draft.probs[i, token] > 0 for i, token in enumerate(draft.tokens))
+    if temperature == 0:  # greedy: q is a point mass on the drafted token
+        assert all(draft.probs[i, token] == 1.0 for i, token in enumerate(draft.tokens))
+
+
+def test_a_one_token_prompt_drafts_nothing_until_a_feature_exists(tiny_engine, drafter):
+    # With one prompt token nothing was prefilled: there is no h_{n-1} to draft from yet.
+    context = trained.prepared(tiny_engine, drafter, "H", SamplingParams(temperature=0))
+    try:
+        assert drafter.propose(context, 3, np.random.default_rng(0)).tokens == []
+    finally:
+        trained.release(tiny_engine, drafter)
+
+
+def test_weights_of_another_target_are_refused(tiny_drafters):
+    other = TorchTarget(tiny.tiny_model(seed=5), name="other-tiny", exact=False)
+    with pytest.raises(DrafterError, match=r"trained for the target .* not for 'other-tiny'.*weights_sha256"):
+        head.build(other, tiny_drafters["head"])
+    wider = TorchTarget(tiny.tiny_model(seed=0, vocab_size=80), name="wider", exact=False)
+    with pytest.raises(DrafterError, match=r"vocab_size 69 \(weights\) vs 80 \(target\)"):
+        head.build(wider, tiny_drafters["head"])
+
+
+def test_the_shipped_default_is_refused_for_another_model(tiny_engine):
+    # No --drafter-weights on a model that is not the embedded one: the shipped weights (or
+    # their absence) are refused with the command that trains matching ones.
+    with pytest.raises(DrafterError, match="verispec train-drafter"):
+        create_drafter("head", DrafterContext(tiny_engine.target, tiny_engine.tokenizer))
+
+
+def test_a_target_without_hidden_states_is_refused(tiny_gguf, tiny_drafters):
+    llamacpp = pytest.importorskip("verispec.targets.llamacpp")
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is not installed")
+    target = llamacpp.LlamaCppTarget(tiny_gguf)
+    context = DrafterContext(target, options={"drafter_weights": str(tiny_drafters["head"])})
+    with pytest.raises(DrafterError, match="use the torch backend"):
+        create_drafter("head", context)
+
+
+class MedianDraws:
+    """NEGATIVE CONTROL: the real head, but every uniform it draws is 0.5: its tokens are then
+    the median of the q it reports, not draws from it (like drafting greedily)."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.hidden_capture = drafter.hidden_capture
+
+    class _Half:
+        def random(self):
+            return 0.5
+
+    def begin(self, prompt_ids, params):
+        self.drafter.begin(prompt_ids, params)
+
+    def propose(self, context, k, rng):
+        return self.drafter.propose(context, k, self._Half())
+
+    def observe(self, context, accepted):
+        self.drafter.observe(context, accepted)
+
+    def reset(self):
+        self.drafter.reset()
+
+
+def test_the_check_detects_tokens_not_drawn_from_q(tiny_engine, drafter):
+    with pytest.raises(AssertionError):
+        trained.check_q_is_the_sampling_law(tiny_engine, MedianDraws(drafter), PROMPT, SamplingParams(temperature=1.0))

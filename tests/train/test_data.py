@@ -1,0 +1,35 @@
+"""The training-set cache: corpora and hidden states on disk, keyed by target and settings."""
+
+import torch
+
+from verispec.train import data
+
+
+def test_a_corpus_round_trips_and_another_key_misses(tmp_path):
+    corpus = data.Corpus.from_sequences([([1, 2, 3], [4, 5]), ([6], [7, 8, 9])])
+    assert corpus.tokens.tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert corpus.starts.tolist() == [0, 5] and corpus.prompt_lengths.tolist() == [3, 1]
+    assert corpus.response_tokens == 5
+    path = tmp_path / "sequences.safetensors"
+    data.save_corpus(corpus, path, "key-a")
+    loaded = data.load_corpus(path, "key-a")
+    assert loaded is not None and loaded.tokens.equal(corpus.tokens) and loaded.lengths.equal(corpus.lengths)
+    assert data.load_corpus(path, "key-b") is None
+
+
+def test_states_of_some_layers_are_read_from_a_file_holding_more(tmp_path):
+    hidden_size = 3
+    stored = torch.arange(4 * 9, dtype=torch.float32).view(4, 9).to(torch.bfloat16)  # layers 1, 4, 7 side by side
+    data.save_hidden(stored, data.hidden_path(tmp_path, "k", (1, 4, 7)), "k")
+    assert data.load_hidden_layers(tmp_path, "k", (1, 4, 7), hidden_size).equal(stored)
+    assert data.load_hidden_layers(tmp_path, "k", (7,), hidden_size).equal(stored[:, 6:9])
+    assert data.load_hidden_layers(tmp_path, "k", (4, 7), hidden_size).equal(stored[:, 3:9])
+    assert data.load_hidden_layers(tmp_path, "k", (2,), hidden_size) is None  # not held
+    assert data.load_hidden_layers(tmp_path, "other", (7,), hidden_size) is None  # other data
+
+
+def test_settings_key_depends_on_target_and_settings():
+    settings = data.DataSettings(tokens=100)
+    assert settings.key("a") != settings.key("b")
+    assert settings.key("a") != data.DataSettings(tokens=101).key("a")
+    assert settings.key("a") == data.DataSettings(tokens=100).key("a")

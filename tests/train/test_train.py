@@ -1,0 +1,122 @@
+"""``verispec train-drafter`` on the tiny target: training lowers the loss and raises
+acceptance, an interrupted run resumes to the same weights, the command line works."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from tests import tiny
+from verispec.cli import main
+from verispec.train.loop import TrainError
+
+HELD_OUT = ["the dog ran to the park and", "Once upon a time there", "seven, eight, nine"]  # not training prompts
+
+
+def acceptance(engine, drafter, prompts=HELD_OUT) -> float:
+    offered = accepted = 0
+    for prompt in prompts:
+        result = engine.generate(prompt, drafter=drafter, k=4, temperature=0, max_tokens=48)
+        offered += result.stats.offered
+        accepted += result.stats.accepted
+    return accepted / offered
+
+
+@pytest.mark.parametrize("kind", ["head", "block"])
+def test_training_lowers_the_loss_and_raises_acceptance(
+    kind, tiny_dir, tiny_engine, tiny_drafters, tiny_train_data, tmp_path
+):
+    # Untrained: the same pipeline, one step at a negligible learning rate (the initial weights).
+    tiny.train_tiny_drafter(kind, tiny_dir, tmp_path / "untrained", tiny_train_data, steps=1, lr=1e-12)
+    losses = json.loads((tiny_drafters[kind] / "training.json").read_text())["losses"]
+    first, last = float(np.mean(losses[:5])), float(np.mean(losses[-20:]))
+    untrained = acceptance(tiny_engine, tiny_engine.drafter(kind, drafter_weights=str(tmp_path / "untrained")))
+    trained = acceptance(tiny_engine, tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind])))
+    print(
+        f"\n  {kind}: loss {first:.3f} -> {last:.3f} over {len(losses)} steps; greedy acceptance on held-out "
+        f"prompts {untrained:.1%} untrained -> {trained:.1%} trained"
+    )
+    assert last < 0.8 * first
+    assert trained > untrained + 0.1
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tiny_dir, tiny_train_data, tmp_path):
+    whole = tiny.train_tiny_drafter("block", tiny_dir, tmp_path / "whole", tiny_train_data, steps=8, checkpoint_every=3)
+
+    def interrupt(done, loss, accuracy):
+        if done == 5:  # past the checkpoint at step 3
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tiny.train_tiny_drafter(
+            "block", tiny_dir, tmp_path / "cut", tiny_train_data, steps=8, checkpoint_every=3, on_step=interrupt
+        )
+    assert (tmp_path / "cut" / "checkpoint" / "state.safetensors").is_file()
+    assert not (tmp_path / "cut" / "model.safetensors").exists()
+    resumed = tiny.train_tiny_drafter("block", tiny_dir, tmp_path / "cut", tiny_train_data, steps=8, checkpoint_every=3)
+    assert whole["resumed_from_step"] == 0 and resumed["resumed_from_step"] == 3
+    a, b = (
+        load_file(str(tmp_path / "whole" / "model.safetensors")),
+        load_file(str(tmp_path / "cut" / "model.safetensors")),
+    )
+    assert a.keys() == b.keys()
+    assert all(a[name].equal(b[name]) for name in a)  # the same run, so the same weights bit for bit
+    losses = [json.loads((tmp_path / d / "training.json").read_text())["losses"] for d in ("whole", "cut")]
+    assert losses[0] == losses[1]
+    assert not (tmp_path / "cut" / "checkpoint").exists()  # removed once the weights are written
+
+
+def test_a_checkpoint_of_another_run_is_refused(tiny_dir, tiny_train_data, tmp_path):
+    def interrupt(done, loss, accuracy):
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tiny.train_tiny_drafter(
+            "head", tiny_dir, tmp_path, tiny_train_data, steps=4, checkpoint_every=1, on_step=interrupt
+        )
+    with pytest.raises(TrainError, match="checkpoint of a different training run"):
+        tiny.train_tiny_drafter("head", tiny_dir, tmp_path, tiny_train_data, steps=4, checkpoint_every=1, lr=5e-4)
+
+
+def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "head"
+    code = main([
+        "train-drafter", "--target", str(tiny_dir), "--kind", "head", "--out", str(out), "--dtype", "float32",
+        "--tokens", "200", "--max-new-tokens", "24", "--gen-batch", "8", "--data-dir", str(tmp_path / "data"),
+        "--steps", "3", "--items", "2", "--span", "8", "--draft-vocab", "40", "--window", "16",
+        "--intermediate", "32", "--checkpoint-every", "2",
+    ])  # fmt: skip
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["kind"] == "head" and config["net"]["draft_vocab"] == 40
+    assert config["target"]["vocab_size"] == tiny.VOCAB and config["target"]["hidden_size"] == 32
+    assert len(config["target"]["weights_sha256"]) == 64
+    assert config["training"]["data"]["response_tokens"] >= 200
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["vocab_ids"].shape == (40,)
+    # The target's embeddings and LM head (V rows) are shared at load time, never stored.
+    assert all(tensor.shape[:1] != (tiny.VOCAB,) for tensor in weights.values())
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_bad_settings_are_refused_with_a_message(tiny_dir, tmp_path, capsys):
+    code = main(["train-drafter", "--target", str(tiny_dir), "--kind", "block", "--out", str(tmp_path), "--steps", "0"])
+    assert code == 2
+    assert "--steps" in capsys.readouterr().err
+
+
+def test_generate_uses_trained_weights_and_refuses_foreign_ones(tiny_dir, tiny_drafters, capsys):
+    # --drafter-weights takes a directory holding head/ and block/ (or one drafter's directory).
+    both = str(tiny_drafters["head"].parent)
+    for kind in ("head", "block"):
+        args = ["generate", "the cat sat on", "--model", str(tiny_dir), "--dtype", "float32", "--max-tokens", "16"]
+        assert main([*args, "--drafter", kind, "--drafter-weights", both, "--compare"]) == 0
+        err = capsys.readouterr().err
+        assert f"{kind} k=auto" in err and "output identical to plain decoding" in err, err
+    # The tiny model is not the embedded one: the shipped weights do not fit it.
+    code = main(["generate", "abc", "--model", str(tiny_dir), "--dtype", "float32", "--drafter", "head"])
+    assert code == 2
+    assert "verispec train-drafter" in capsys.readouterr().err

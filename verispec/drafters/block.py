@@ -1,0 +1,237 @@
+"""``block``: a DFlash-style block drafter that fills a whole block in ONE forward pass.
+
+Terms: the anchor is the last committed token x_n (the bonus, whose target hidden state is
+not computed yet); the block is [x_n, MASK, ..., MASK] at positions n .. n + B - 1
+(B = ``block_size``); mask slot i (1 <= i < B) predicts x_{n+i}, so one pass gives up to
+B - 1 drafts. The context is the target's hidden states at committed positions
+n - window .. n - 1, taken from ``target_layers`` (a few evenly spaced layers), side by side
+(..., C, len(target_layers) * D), projected to the drafter's width D and injected as extra
+keys and values into every drafter layer. Attention inside the block is non-causal: every
+slot sees every other slot and the whole context. The target's embeddings and LM head are
+shared and frozen.
+
+Drafting SAMPLES each slot's token from its final distribution (the request's sampling
+pipeline, penalties from that position's own history, previous drafts included) and
+reports exactly that row as q; one-hot at T = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from verispec.accept import sample_index
+from verispec.drafters import weights
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
+from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget
+from verispec.sampling import SamplingParams, final_distribution
+from verispec.targets.base import HiddenCapture
+
+KIND = "block"
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Shape of a block drafter. hidden: the target's hidden size; target_layers: the target
+    hidden-state indices read (0 = embeddings, the number of layers = the final state)."""
+
+    hidden: int
+    target_layers: tuple[int, ...]
+    draft_vocab: int
+    layers: int = 2
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 64
+    intermediate: int = 576  # with 2 layers: ~4.8M parameters, ~9.6 MB in bf16
+    block_size: int = 8
+    window: int = 64
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
+        if self.block_size < 2:
+            raise DrafterError(f"block_size must be >= 2 (the anchor and one mask), got {self.block_size}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BlockConfig:
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise DrafterError(f"bad block config {values}: {error}") from error
+
+
+def _layer(module: nn.Module) -> DecoderLayer:
+    assert isinstance(module, DecoderLayer)
+    return module
+
+
+def evenly_spaced_layers(num_layers: int, count: int) -> tuple[int, ...]:
+    """``count`` hidden-state indices from the first layer's output to the last (final) one."""
+    if count < 1:
+        raise ValueError(f"need at least one target layer, got {count}")
+    if count == 1:
+        return (num_layers,)
+    return tuple(sorted({round(1 + i * (num_layers - 1) / (count - 1)) for i in range(count)}))
+
+
+class BlockNet(nn.Module):
+    """The trainable part; see the module docstring for the shapes."""
+
+    def __init__(self, config: BlockConfig, vocab_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.config = config
+        dim = config.hidden
+        self.ctx_proj = nn.Linear(len(config.target_layers) * dim, dim, bias=False)
+        self.ctx_norm = RMSNorm(dim)
+        self.mask_embedding = nn.Parameter(torch.randn(dim) * 0.02)
+        self.layers = nn.ModuleList(
+            DecoderLayer(dim, config.heads, config.kv_heads, config.head_dim, config.intermediate, config.rope_theta)
+            for _ in range(config.layers)
+        )
+        self.out_norm = RMSNorm(dim)
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long))
+
+    def context_keys(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """features (..., C, F) target states -> per layer (keys, values) (..., C, G, d)."""
+        context = self.ctx_norm(self.ctx_proj(features))
+        return [_layer(module).attn.keys_values(context, positions) for module in self.layers]
+
+    def forward(
+        self,
+        anchor_embeds: torch.Tensor,
+        anchor_positions: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]],
+        context_positions: torch.Tensor,
+        context_valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """anchor_embeds (..., A, D), anchor_positions (..., A); context per layer (keys,
+        values) (..., C, G, d) at context_positions (..., C), valid (..., C). Each anchor sees
+        the context positions in [anchor - window, anchor). Returns (..., A, B - 1, D): the
+        mask slots' outputs, before the output norm."""
+        config = self.config
+        size = config.block_size
+        masks = self.mask_embedding.expand(*anchor_embeds.shape[:-1], size - 1, config.hidden)
+        x = torch.cat([anchor_embeds.unsqueeze(-2), masks], dim=-2)  # (..., A, B, D)
+        positions = anchor_positions.unsqueeze(-1) + torch.arange(size)  # (..., A, B)
+        back = anchor_positions.unsqueeze(-1) - context_positions.unsqueeze(-2)  # (..., A, C)
+        visible = (back > 0) & (back <= config.window)
+        if context_valid is not None:
+            visible = visible & context_valid.unsqueeze(-2)
+        visible = visible.unsqueeze(-2)  # (..., A, 1, C): the same for every slot
+        for layer, (keys, values) in zip(self.layers, context, strict=True):
+            # unsqueeze(-4): the context is shared by the anchors (broadcast, not copied).
+            x, _, _ = layer(x, positions, [(keys.unsqueeze(-4), values.unsqueeze(-4), visible)], None)
+        return x[..., 1:, :]
+
+    def logits_input(self, outputs: torch.Tensor) -> torch.Tensor:
+        return self.out_norm(outputs)
+
+
+class BlockDrafter:
+    """The Drafter: keeps per-layer context keys of the last ``window`` committed positions."""
+
+    name = KIND
+
+    def __init__(self, net: BlockNet, shared: SharedTarget, target: Any) -> None:
+        self.net = net.eval()
+        self.shared = shared
+        self.target = target
+        config = net.config
+        self.hidden_capture = HiddenCapture(config.target_layers, prefill_rows=config.window)
+        self.prompt: list[int] = []
+        self.params = SamplingParams()
+        self.reset()
+
+    def reset(self) -> None:
+        self.known = 0  # committed positions whose target states have been read
+        self.context: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.context_positions = torch.zeros(0, dtype=torch.long)
+
+    @torch.inference_mode()
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.reset()
+        self.prompt, self.params = list(prompt_ids), params
+        rows = min(len(prompt_ids) - 1, self.net.config.window)  # prefill ran over all but the pending token
+        self._add(self._captured(rows, first=False), len(prompt_ids) - 1 - rows)
+        self.known = len(prompt_ids) - 1
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        n = len(context) - 1  # the anchor's position
+        k = min(k, self.net.config.block_size - 1)
+        if k <= 0 or self.known < 1 or self.known != n:
+            return NO_DRAFT
+        with torch.inference_mode():
+            outputs = self.net(
+                self.shared.embed(torch.tensor([context[n]])),
+                torch.tensor([n]),
+                self.context,
+                self.context_positions,
+            )[0, :k]  # (k, D): one pass, every slot at once
+            logits = self.shared.full_rows(self.net.logits_input(outputs))
+        output_ids = list(context[len(self.prompt) :])
+        tokens: list[int] = []
+        rows = []
+        for row in logits:
+            probs = final_distribution(row, self.params, self.prompt, output_ids + tokens)
+            tokens.append(sample_index(probs, float(rng.random())))  # drawn from exactly the row reported
+            rows.append(probs)
+        return Draft(tokens=tokens, probs=np.stack(rows))
+
+    @torch.inference_mode()
+    def observe(self, context: Sequence[int], accepted: int) -> None:
+        fresh = len(context) - 1 - self.known
+        if fresh > 0:  # rows 0..accepted of the last verify: the newly committed positions
+            self._add(self._captured(fresh, first=True), self.known)
+            self.known += fresh
+
+    def _captured(self, rows: int, first: bool) -> torch.Tensor:
+        hidden = self.target.last_hidden
+        if hidden is None or hidden.shape[0] < rows:
+            got = 0 if hidden is None else hidden.shape[0]
+            raise RuntimeError(f"the block drafter needs {rows} hidden-state rows from the target, got {got}")
+        part = hidden[:rows] if first else hidden[hidden.shape[0] - rows :]
+        return part.to(torch.float32)
+
+    def _add(self, features: torch.Tensor, first_position: int) -> None:
+        if features.shape[0] == 0:
+            return
+        positions = torch.arange(first_position, first_position + features.shape[0])
+        fresh = self.net.context_keys(features, positions)
+        if self.context:
+            fresh = [
+                (torch.cat([keys, k_new]), torch.cat([values, v_new]))
+                for (keys, values), (k_new, v_new) in zip(self.context, fresh, strict=True)
+            ]
+        positions = torch.cat([self.context_positions, positions])
+        window = self.net.config.window
+        self.context = [(keys[-window:], values[-window:]) for keys, values in fresh]
+        self.context_positions = positions[-window:]
+
+
+def build(target: Any, directory: Path) -> BlockDrafter:
+    """A block drafter for ``target`` from a weights directory (checked against the target)."""
+    weights.require_hidden_states(target, KIND)
+    net_config, state = weights.load(directory, KIND, target)
+    config = BlockConfig.from_dict(net_config)
+    if max(config.target_layers) > target.num_layers:
+        raise DrafterError(
+            f"{directory}: reads target layers {config.target_layers}, the target has {target.num_layers}"
+        )
+    net = BlockNet(config, state["vocab_ids"])
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as error:
+        raise DrafterError(f"{directory}: the weights do not fit the block config: {error}") from error
+    shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), state["vocab_ids"])
+    return BlockDrafter(net, shared, target)
+
+
+@register_drafter(KIND)
+def _build(context: DrafterContext) -> BlockDrafter:
+    return build(context.target, weights.weights_dir(context.option("drafter_weights"), KIND))

@@ -1,0 +1,251 @@
+"""``head``: an MTP/EAGLE-style draft head on the target's last hidden state.
+
+Terms: position t holds token x_t; the target's feature h_t (its final normed hidden state
+there, the one its LM head reads) predicts x_{t+1}. The head at position t reads
+``fuse([norm(f_{t-1}) ; norm(embed(x_t))])`` through one small decoder layer (causal
+attention over its own last ``window`` positions) and predicts x_{t+1} with the target's
+LM head. With f = h it drafts the token after the bonus (the bonus x_n is known, h_{n-1}
+came from the last verify); for the next drafts it feeds back its own output g as f, one
+position at a time. Training unrolls that feedback (``unroll`` steps), so the head learns
+to read its own outputs.
+
+Drafting SAMPLES each token from the head's final distribution (the request's sampling
+pipeline, position's own history) and reports exactly that row as q; one-hot at T = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from verispec.accept import sample_index
+from verispec.drafters import weights
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
+from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget, window_mask
+from verispec.sampling import SamplingParams, final_distribution
+from verispec.targets.base import HiddenCapture
+
+KIND = "head"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Shape of a head. hidden: the target's hidden size; feature_layer: the target
+    hidden-state index read (its number of layers = the final normed state)."""
+
+    hidden: int
+    feature_layer: int
+    draft_vocab: int
+    layers: int = 1
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 64
+    intermediate: int = 1024
+    window: int = 64
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> HeadConfig:
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise DrafterError(f"bad head config {values}: {error}") from error
+
+
+class HeadNet(nn.Module):
+    """The trainable part. Shapes: features, embeds (..., T, D) -> outputs g (..., T, D)."""
+
+    def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.config = config
+        dim = config.hidden
+        self.feature_norm = RMSNorm(dim)
+        self.embed_norm = RMSNorm(dim)
+        self.fuse = nn.Linear(2 * dim, dim, bias=False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(dim, config.heads, config.kv_heads, config.head_dim, config.intermediate, config.rope_theta)
+            for _ in range(config.layers)
+        )
+        self.out_norm = RMSNorm(dim)
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long))
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """features, embeds: (..., T, D); positions (..., T). past: per layer (keys, values,
+        key positions) of earlier positions, drafting only. valid (..., T): padding mask for
+        training. Returns outputs g (..., T, D) and per layer the new keys, values."""
+        x = self.fuse(torch.cat([self.feature_norm(features), self.embed_norm(embeds)], dim=-1))
+        own_mask = window_mask(positions, positions, self.config.window)
+        if valid is not None:  # padding is no key, but every row keeps itself (no empty softmax)
+            itself = torch.eye(positions.shape[-1], dtype=torch.bool)
+            own_mask = own_mask & (valid.unsqueeze(-2) | itself)
+        new = []
+        for index, layer in enumerate(self.layers):
+            context = []
+            if past is not None:
+                keys, values, key_positions = past[index]
+                context.append((keys, values, window_mask(positions, key_positions, self.config.window)))
+            x, keys, values = layer(x, positions, context, own_mask)
+            new.append((keys, values))
+        return x, new
+
+    def logits_input(self, outputs: torch.Tensor) -> torch.Tensor:
+        """What the shared LM head reads: the outputs, normed."""
+        return self.out_norm(outputs)
+
+
+class HeadDrafter:
+    """The Drafter: keeps the target's features and its own keys for committed positions."""
+
+    name = KIND
+
+    def __init__(self, net: HeadNet, shared: SharedTarget, target: Any) -> None:
+        self.net = net.eval()
+        self.shared = shared
+        self.target = target
+        config = net.config
+        self.hidden_capture = HiddenCapture((config.feature_layer,), prefill_rows=config.window)
+        self.prompt: list[int] = []
+        self.params = SamplingParams()
+        self.reset()
+
+    def reset(self) -> None:
+        self.features = torch.zeros(0, self.net.config.hidden)  # target features, positions [feature_start, known)
+        self.feature_start = 0
+        self.known = 0
+        # Per layer (keys, values) of the head at cache_positions, those up to committed_cache from
+        # target features; drafted positions are appended during propose and cut in observe.
+        self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cache_positions = torch.zeros(0, dtype=torch.long)
+        self.committed_cache = 0
+
+    @torch.inference_mode()
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.reset()
+        self.prompt, self.params = list(prompt_ids), params
+        self.known = len(prompt_ids) - 1  # prefill ran over all but the pending token
+        rows = min(self.known, self.net.config.window)
+        self._add_features(self._captured(rows), self.known - rows)
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        n = len(context) - 1  # position of the last committed token (the pending one)
+        if k <= 0 or self.known < 1 or self.known != n:
+            return NO_DRAFT  # no target feature yet (a one-token prompt's first round)
+        with torch.inference_mode():
+            self._cut(self.committed_cache)  # a propose without observe in between drafts afresh
+            outputs = self._catch_up(context, n)
+            output_ids = list(context[len(self.prompt) :])
+            tokens: list[int] = []
+            rows = []
+            for i in range(k):
+                logits = self.shared.full_rows(self.net.logits_input(outputs))[0]
+                probs = final_distribution(logits, self.params, self.prompt, output_ids + tokens)
+                token = sample_index(probs, float(rng.random()))  # drawn from exactly the row reported
+                tokens.append(token)
+                rows.append(probs)
+                if i + 1 < k:  # the head's own output stands in for the target's feature
+                    outputs = self._run(outputs, self.shared.embed(torch.tensor([token])), torch.tensor([n + 1 + i]))
+        return Draft(tokens=tokens, probs=np.stack(rows))
+
+    @torch.inference_mode()
+    def observe(self, context: Sequence[int], accepted: int) -> None:
+        self._cut(self.committed_cache)  # drafted positions leave; accepted ones are redone from h
+        fresh = len(context) - 1 - self.known
+        if fresh > 0:  # rows 0..accepted of the last verify: the newly committed positions
+            self._add_features(self._captured(fresh, first=True), self.known)
+            self.known += fresh
+
+    # --- internals -------------------------------------------------------------------
+
+    def _captured(self, rows: int, first: bool = False) -> torch.Tensor:
+        hidden = self.target.last_hidden
+        if hidden is None or hidden.shape[0] < rows:
+            got = 0 if hidden is None else hidden.shape[0]
+            raise RuntimeError(f"the head drafter needs {rows} hidden-state rows from the target, got {got}")
+        part = hidden[:rows] if first else hidden[hidden.shape[0] - rows :]
+        return part.to(torch.float32)
+
+    def _add_features(self, rows: torch.Tensor, first_position: int) -> None:
+        """Append the target features of positions first_position .. first_position + len - 1."""
+        if self.features.shape[0] == 0:
+            self.feature_start = first_position
+        self.features = torch.cat([self.features, rows])
+        extra = self.features.shape[0] - (self.net.config.window + 1)
+        if extra > 0:  # only the last window's features are ever read again
+            self.features = self.features[extra:]
+            self.feature_start += extra
+
+    def _catch_up(self, context: Sequence[int], n: int) -> torch.Tensor:
+        """Run the head on committed positions not yet in its cache (from target features),
+        up to position n; returns the output at n (1, D)."""
+        start = max(int(self.cache_positions[-1]) + 1 if len(self.cache_positions) else 1, self.feature_start + 1)
+        start = max(start, n - self.net.config.window + 1)
+        positions = torch.arange(start, n + 1)
+        features = self.features[positions - 1 - self.feature_start]
+        embeds = self.shared.embed(torch.tensor([context[t] for t in positions.tolist()]))
+        outputs = self._run(features, embeds, positions)
+        # Position n's entry is redone next round too (its output is what drafting starts from).
+        self.committed_cache = len(self.cache_positions) - 1
+        return outputs[-1:]
+
+    def _run(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        past = None
+        if self.cache:
+            past = [(keys, values, self.cache_positions) for keys, values in self.cache]
+        outputs, new = self.net(features, embeds, positions, past)
+        if self.cache:
+            self.cache = [
+                (torch.cat([keys, k_new]), torch.cat([values, v_new]))
+                for (keys, values), (k_new, v_new) in zip(self.cache, new, strict=True)
+            ]
+        else:
+            self.cache = list(new)
+        self.cache_positions = torch.cat([self.cache_positions, positions])
+        window = self.net.config.window
+        if len(self.cache_positions) > 2 * window:  # keep the cache bounded on long outputs
+            self._drop_front(len(self.cache_positions) - window)
+        return outputs
+
+    def _drop_front(self, count: int) -> None:
+        self.cache = [(keys[count:], values[count:]) for keys, values in self.cache]
+        self.cache_positions = self.cache_positions[count:]
+        self.committed_cache = max(0, self.committed_cache - count)
+
+    def _cut(self, length: int) -> None:
+        self.cache = [(keys[:length], values[:length]) for keys, values in self.cache]
+        self.cache_positions = self.cache_positions[:length]
+
+
+def build(target: Any, directory: Path) -> HeadDrafter:
+    """A head drafter for ``target`` from a weights directory (checked against the target)."""
+    weights.require_hidden_states(target, KIND)
+    net_config, state = weights.load(directory, KIND, target)
+    config = HeadConfig.from_dict(net_config)
+    if config.feature_layer > target.num_layers:
+        raise DrafterError(
+            f"{directory}: reads target layer {config.feature_layer}, the target has {target.num_layers}"
+        )
+    net = HeadNet(config, state["vocab_ids"])
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as error:
+        raise DrafterError(f"{directory}: the weights do not fit the head config: {error}") from error
+    shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), state["vocab_ids"])
+    return HeadDrafter(net, shared, target)
+
+
+@register_drafter(KIND)
+def _build(context: DrafterContext) -> HeadDrafter:
+    return build(context.target, weights.weights_dir(context.option("drafter_weights"), KIND))

@@ -1,0 +1,163 @@
+"""Building blocks of the trained drafters (``head``, ``block``), for training and drafting alike.
+
+Terms and shapes (``...`` is any leading batch shape, the same code serving a training batch
+of many anchors and a drafting call on one):
+
+- hidden: the drafter's width D, equal to the target's hidden size, so that the target's
+  token embeddings (V, D) and LM head (V, D) can be shared, frozen and never stored;
+- heads H, kv heads G (grouped-query attention: H a multiple of G), head width d;
+- keys, values: (..., K, G, d) with rotary positions applied to keys; a mask (..., Q, K) is
+  True where query q may attend to key k;
+- draft vocabulary: the N token ids (N <= V) the drafter may propose, the most frequent in
+  its training data; its LM head is those rows of the target's. Logits outside it are -inf,
+  so the drafter's q gives them probability 0 and the rule never accepts them by mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, over the last dimension."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * scale * self.weight
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding. x: (..., T, heads, d), positions: (..., T) absolute."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (..., T, d/2)
+    cos, sin = angles.cos().unsqueeze(-2).to(x.dtype), angles.sin().unsqueeze(-2).to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+KeyParts = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+
+
+class Attention(nn.Module):
+    """Multi-head attention whose keys may come from several sources (context, own tokens)."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, theta: float) -> None:
+        super().__init__()
+        if heads % kv_heads:
+            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, head_dim, theta
+        self.q_proj = nn.Linear(dim, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, dim, bias=False)
+
+    def keys_values(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (..., T, D) -> keys, values (..., T, G, d), keys rotated to their positions."""
+        shape = (*x.shape[:-1], self.kv_heads, self.head_dim)
+        keys = rotary(self.k_proj(x).view(shape), positions, self.theta)
+        return keys, self.v_proj(x).view(shape)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, parts: KeyParts) -> torch.Tensor:
+        """x: (..., Q, D) queries; parts: (keys, values, mask or None) whose leading shapes
+        broadcast against x's. Scores of all parts share one softmax. Returns (..., Q, D)."""
+        shape = (*x.shape[:-1], self.heads, self.head_dim)
+        query = rotary(self.q_proj(x).view(shape), positions, self.theta).transpose(-2, -3)  # (..., H, Q, d)
+        groups = self.heads // self.kv_heads
+        scores, values = [], []
+        for keys, vals, mask in parts:
+            keys = keys.repeat_interleave(groups, dim=-2).transpose(-2, -3)  # (..., H, K, d)
+            part = torch.matmul(query, keys.transpose(-1, -2)) / math.sqrt(self.head_dim)  # (..., H, Q, K)
+            if mask is not None:
+                part = part.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+            scores.append(part)
+            values.append(vals.repeat_interleave(groups, dim=-2).transpose(-2, -3))
+        weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
+        # Each part's values weighted separately: broadcasting, a context shared by many
+        # anchors is never copied once per anchor.
+        pieces = torch.split(weights, [part.shape[-1] for part in scores], dim=-1)
+        out = sum(torch.matmul(piece, vals) for piece, vals in zip(pieces, values, strict=True))
+        assert isinstance(out, torch.Tensor)
+        return self.o_proj(out.transpose(-2, -3).reshape(*x.shape[:-1], self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """The gated MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dim: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, intermediate, bias=False)
+        self.up = nn.Linear(dim, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + MLP. Its own tokens' keys join any context keys passed in."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, theta: float):
+        super().__init__()
+        self.attn_norm = RMSNorm(dim)
+        self.attn = Attention(dim, heads, kv_heads, head_dim, theta)
+        self.mlp_norm = RMSNorm(dim)
+        self.mlp = MLP(dim, intermediate)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, context: KeyParts, own_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (..., T, D). Returns the output (..., T, D) and the own keys, values (..., T, G, d)."""
+        normed = self.attn_norm(x)
+        keys, values = self.attn.keys_values(normed, positions)
+        x = x + self.attn(normed, positions, [*context, (keys, values, own_mask)])
+        return x + self.mlp(self.mlp_norm(x)), keys, values
+
+
+def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """(..., Q, K): key at or before the query and fewer than ``window`` positions back."""
+    back = query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)
+    return (back >= 0) & (back < window)
+
+
+class SharedTarget:
+    """The target's frozen token embeddings and the draft vocabulary's rows of its LM head.
+
+    embeddings: (V, D) as the target holds them (any dtype; rows are cast when read);
+    head: (N, D) float32, the rows of ``vocab_ids`` (N,) of the target's LM head.
+    """
+
+    def __init__(self, embeddings: torch.Tensor, lm_head: torch.Tensor, vocab_ids: torch.Tensor) -> None:
+        # Drafters run on the CPU beside the engine's sampling; a CPU target's tensors are not copied.
+        self.embeddings = embeddings.detach().cpu()
+        self.vocab_ids = vocab_ids.to(torch.long).cpu()
+        self.vocab_size = int(lm_head.shape[0])
+        self.head = lm_head.detach().cpu()[self.vocab_ids].to(torch.float32)
+        # For training: the draft-vocabulary index of each token id, -100 (ignored) outside it.
+        self.label_index = torch.full((self.vocab_size,), -100, dtype=torch.long)
+        self.label_index[self.vocab_ids] = torch.arange(len(self.vocab_ids))
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """(...,) ids -> (..., D) float32."""
+        return self.embeddings[token_ids].to(torch.float32)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., N) logits over the draft vocabulary."""
+        return torch.matmul(hidden.to(torch.float32), self.head.T)
+
+    def full_rows(self, hidden: torch.Tensor) -> NDArray[np.float64]:
+        """(n, D) -> (n, V) float64 logits, -inf outside the draft vocabulary: what the
+        sampling pipeline takes, so the drafter's q has the target's shape."""
+        rows = np.full((hidden.shape[0], self.vocab_size), -np.inf)
+        rows[:, self.vocab_ids.numpy()] = self.logits(hidden).double().numpy()
+        return rows

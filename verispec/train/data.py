@@ -1,0 +1,219 @@
+"""The training set: responses the target writes itself, and its hidden states along them.
+
+Terms and shapes:
+
+- a sequence is a prompt's token ids followed by the target's response (up to and including
+  its end-of-sequence token);
+- ``Corpus.tokens`` (P,): all positions of all sequences back to back; ``starts``,
+  ``lengths``, ``prompt_lengths`` (S,) locate each sequence and its response;
+- ``hidden`` (P, len(layers) * D) bf16: the target's hidden states at every position, from
+  the hidden-state indices ``layers`` (0 = embeddings, L = the final normed state).
+
+Both are cached on disk as safetensors, keyed by the target's weight hash and the settings,
+so a second run (another drafter kind, or a resumed run) does not generate again.
+Responses are generated in batches (left-padded ``generate``), greedily unless a temperature
+is given: the greedy continuation is what a greedy request verifies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What makes one training set: enough prompts to write ``tokens`` response tokens."""
+
+    tokens: int
+    max_new_tokens: int = 192
+    temperature: float = 0.0
+    seed: int = 0
+    batch_size: int = 32
+
+    def key(self, fingerprint: str) -> str:
+        text = json.dumps({"target": fingerprint, **self.__dict__, "prompts": "v1"}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Corpus:
+    tokens: torch.Tensor
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    prompt_lengths: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+    @property
+    def response_tokens(self) -> int:
+        return int((self.lengths - self.prompt_lengths).sum())
+
+    @staticmethod
+    def from_sequences(sequences: list[tuple[list[int], list[int]]]) -> Corpus:
+        lengths = torch.tensor([len(p) + len(r) for p, r in sequences], dtype=torch.long)
+        starts = torch.cumsum(lengths, 0) - lengths
+        tokens = torch.tensor([t for p, r in sequences for t in (*p, *r)], dtype=torch.long)
+        prompt_lengths = torch.tensor([len(p) for p, _ in sequences], dtype=torch.long)
+        return Corpus(tokens, starts, lengths, prompt_lengths)
+
+    def sequence_of(self) -> torch.Tensor:
+        """(P,) the index of the sequence each position belongs to."""
+        return torch.repeat_interleave(torch.arange(len(self.lengths)), self.lengths)
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a training prompt as a user's request: the chat template when there is one."""
+    if getattr(tokenizer, "chat_template", None) is not None:
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer(prompt)["input_ids"]]
+
+
+@torch.inference_mode()
+def generate_responses(
+    model: Any,
+    prompts: list[list[int]],
+    settings: DataSettings,
+    eos_ids: list[int],
+    pad_id: int,
+    progress: Progress | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) pairs, batch by batch, until ``settings.tokens`` response
+    tokens are written (or the prompts run out)."""
+    torch.manual_seed(settings.seed)
+    pairs: list[tuple[list[int], list[int]]] = []
+    written = 0
+    sampling = settings.temperature > 0
+    options: dict[str, Any] = {"do_sample": sampling}
+    if sampling:  # the plain softmax at that temperature, no filtering
+        options.update(temperature=settings.temperature, top_p=1.0, top_k=None)
+    for first in range(0, len(prompts), settings.batch_size):
+        batch = prompts[first : first + settings.batch_size]
+        width = max(len(p) for p in batch)
+        input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_id=eos_ids,
+            pad_token_id=pad_id,
+            **options,
+        )
+        for prompt, row in zip(batch, out[:, width:].tolist(), strict=True):
+            response = _until_eos(row, set(eos_ids))
+            if response:
+                pairs.append((prompt, response))
+                written += len(response)
+        if progress is not None:
+            progress(min(written, settings.tokens), settings.tokens)
+        if written >= settings.tokens:
+            break
+    if written == 0:
+        raise ValueError("the target wrote no response tokens for any training prompt")
+    return pairs
+
+
+def _until_eos(row: list[int], eos: set[int]) -> list[int]:
+    for index, token in enumerate(row):
+        if token in eos:
+            return row[: index + 1]
+    return row
+
+
+@torch.inference_mode()
+def hidden_states(
+    model: Any, corpus: Corpus, layers: tuple[int, ...], batch_size: int = 8, progress: Progress | None = None
+) -> torch.Tensor:
+    """(P, len(layers) * D) bf16: the target's states at every position of every sequence."""
+    hidden_size = int(model.config.hidden_size)
+    out = torch.zeros(len(corpus.tokens), len(layers) * hidden_size, dtype=torch.bfloat16)
+    order = torch.argsort(corpus.lengths, descending=True).tolist()  # similar lengths share a batch
+    device = next(model.parameters()).device
+    for done in range(0, len(order), batch_size):
+        batch = order[done : done + batch_size]
+        width = int(corpus.lengths[batch].max())
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, index in enumerate(batch):
+            start, length = int(corpus.starts[index]), int(corpus.lengths[index])
+            ids[row, :length] = corpus.tokens[start : start + length]
+            mask[row, :length] = 1
+        states = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
+        stacked = torch.cat([states.hidden_states[layer] for layer in layers], dim=-1).cpu()
+        for row, index in enumerate(batch):
+            start, length = int(corpus.starts[index]), int(corpus.lengths[index])
+            out[start : start + length] = stacked[row, :length].to(torch.bfloat16)
+        if progress is not None:
+            progress(min(done + batch_size, len(order)), len(order))
+    return out
+
+
+def save_corpus(corpus: Corpus, path: Path, key: str) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {"tokens": corpus.tokens, "starts": corpus.starts, "lengths": corpus.lengths}
+    tensors["prompt_lengths"] = corpus.prompt_lengths
+    staging = path.with_suffix(".partial")
+    save_file(tensors, str(staging), metadata={"key": key})
+    staging.replace(path)  # a run killed mid-write leaves no half file under the real name
+
+
+def load_corpus(path: Path, key: str) -> Corpus | None:
+    """The cached corpus at ``path`` if it was made with ``key``, else None."""
+    tensors = _load_if(path, key)
+    if tensors is None:
+        return None
+    return Corpus(tensors["tokens"], tensors["starts"], tensors["lengths"], tensors["prompt_lengths"])
+
+
+def save_hidden(hidden: torch.Tensor, path: Path, key: str) -> None:
+    from safetensors.torch import save_file
+
+    staging = path.with_suffix(".partial")
+    save_file({"hidden": hidden.contiguous()}, str(staging), metadata={"key": key})
+    staging.replace(path)
+
+
+def hidden_path(directory: Path, key: str, layers: tuple[int, ...]) -> Path:
+    return directory / f"hidden-{key}-{'-'.join(map(str, layers))}.safetensors"
+
+
+def load_hidden_layers(directory: Path, key: str, layers: tuple[int, ...], hidden_size: int) -> torch.Tensor | None:
+    """The cached states of ``layers``, from a file holding exactly them or more (a head's
+    last layer is among a block drafter's layers: one forward pass over the corpus serves both)."""
+    for path in sorted(directory.glob(f"hidden-{key}-*.safetensors")):
+        stored = tuple(int(i) for i in path.stem.split("-")[2:])
+        if not set(layers) <= set(stored):
+            continue
+        tensors = _load_if(path, key)
+        if tensors is None:
+            continue
+        columns = [torch.arange(hidden_size) + stored.index(layer) * hidden_size for layer in layers]
+        hidden = tensors["hidden"]
+        return hidden if stored == layers else hidden[:, torch.cat(columns)].contiguous()
+    return None
+
+
+def _load_if(path: Path, key: str) -> dict[str, torch.Tensor] | None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as handle:
+        if (handle.metadata() or {}).get("key") != key:
+            return None
+    return load_file(str(path))

@@ -1,0 +1,180 @@
+"""The training loop: AdamW with warm-up and cosine decay, checkpoints, resume, loss curve.
+
+A checkpoint (``OUT/checkpoint/state.safetensors``) holds the network's parameters, the
+optimiser's moments and, in its metadata, the progress (step, loss history, and the run
+key: a hash of everything that defines the run). A run started again with the same key continues
+from the checkpoint; since each step's batch comes from (seed, step) and the learning rate
+is a function of the step, the resumed run computes what the uninterrupted one would have.
+A checkpoint left by a different run is refused, not mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from verispec.train.objectives import StepResult
+
+CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_FILE = "state.safetensors"
+GRAD_CLIP = 1.0
+
+
+class TrainError(ValueError):
+    """A training run that cannot start or continue as asked."""
+
+
+class Objective(Protocol):
+    def step(self, step: int) -> StepResult: ...
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Optimiser settings; the learning rate at a step is a pure function of the step."""
+
+    steps: int
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    checkpoint_every: int = 100
+    bf16: bool = False  # autocast matmuls to bf16 (fast on CPUs with native bf16)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+@dataclass
+class History:
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    resumed_from: int = 0
+
+    @property
+    def step(self) -> int:
+        return len(self.losses)
+
+
+StepCallback = Callable[[int, float, float], None]  # (steps done, loss, first-draft accuracy)
+
+
+def run(
+    net: nn.Module,
+    objective: Objective,
+    schedule: Schedule,
+    out: Path,
+    run_key: str,
+    on_step: StepCallback | None = None,
+) -> History:
+    """Train ``net`` for ``schedule.steps`` steps, resuming from OUT/checkpoint when present."""
+    parameters = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=schedule.lr, weight_decay=schedule.weight_decay)
+    checkpoint = out / CHECKPOINT_DIR
+    history = _resume(checkpoint, run_key, net, optimizer)
+    started = time.perf_counter() - history.seconds
+    for step in range(history.step, schedule.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.lr_at(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=schedule.bf16):
+            result = objective.step(step)
+        optimizer.zero_grad(set_to_none=True)
+        result.loss.backward()
+        nn.utils.clip_grad_norm_(parameters, GRAD_CLIP)
+        optimizer.step()
+        history.losses.append(result.loss.item())
+        history.accuracies.append(result.accuracy)
+        history.seconds = time.perf_counter() - started
+        done = step + 1
+        if done % schedule.checkpoint_every == 0 or done == schedule.steps:
+            _save(checkpoint, run_key, net, optimizer, history)
+            plot_loss(history, out / "loss.png")
+        if on_step is not None:
+            on_step(done, history.losses[-1], result.accuracy)
+    return history
+
+
+def remove_checkpoint(out: Path) -> None:
+    shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
+
+
+def _save(directory: Path, run_key: str, net: nn.Module, optimizer: torch.optim.Optimizer, history: History) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {f"net.{name}": t.detach().clone() for name, t in net.state_dict().items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            tensors[f"opt.{index}.{name}"] = torch.as_tensor(value).clone()
+    progress = {"run": run_key, "step": history.step, "losses": history.losses}
+    progress.update({"accuracies": history.accuracies, "seconds": history.seconds})
+    # One file, tensors and progress together, replaced atomically: a run killed while
+    # saving resumes from the previous checkpoint, never from a mixed one.
+    staging = directory / "state.partial"
+    save_file(tensors, str(staging), metadata={"progress": json.dumps(progress)})
+    staging.replace(directory / CHECKPOINT_FILE)
+
+
+def _resume(directory: Path, run_key: str, net: nn.Module, optimizer: torch.optim.Optimizer) -> History:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = directory / CHECKPOINT_FILE
+    if not path.is_file():
+        return History()
+    with safe_open(str(path), framework="pt") as handle:
+        progress = json.loads((handle.metadata() or {}).get("progress", "{}"))
+    if progress.get("run") != run_key:
+        raise TrainError(
+            f"{directory} holds a checkpoint of a different training run (other settings, data or "
+            "target); remove it, or train into another --out directory"
+        )
+    tensors = load_file(str(path))
+    net.load_state_dict({name[4:]: t for name, t in tensors.items() if name.startswith("net.")})
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith("opt."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    saved = optimizer.state_dict()
+    saved["state"] = state
+    optimizer.load_state_dict(saved)
+    history = History(list(progress["losses"]), list(progress["accuracies"]), float(progress["seconds"]))
+    history.resumed_from = history.step
+    return history
+
+
+def plot_loss(history: History, path: Path) -> None:
+    """The loss curve (per step, and a moving average) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = range(1, history.step + 1)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.plot(steps, history.losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="loss per step")
+    width = max(1, history.step // 50)
+    if history.step >= width:
+        kernel = torch.ones(width) / width
+        smooth = torch.conv1d(torch.tensor(history.losses).view(1, 1, -1), kernel.view(1, 1, -1)).flatten()
+        axis.plot(range(width, history.step + 1), smooth.tolist(), color="tab:blue", label=f"mean of {width}")
+    axis.set_xlabel("step")
+    axis.set_ylabel("cross-entropy (nats)")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

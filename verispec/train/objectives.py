@@ -1,0 +1,165 @@
+"""Per drafter kind: the batches drawn from a corpus and the loss a training step minimises.
+
+Both objectives are teacher-forced cross-entropy over the draft vocabulary against the
+target's own continuation (the corpus), counted only where the predicted token belongs to a
+response (prompt tokens are not the target's writing). A step's batch is drawn from a
+generator seeded by (seed, step), so a run is reproducible and a resumed run draws exactly
+the batches the uninterrupted one would have.
+
+Shapes: N items per step; head items are chunks of max(``span``, window) consecutive
+positions of one sequence; block items are ``span`` consecutive anchors with the ``window`` positions of
+context before the first of them (C = window + span - 1 context positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from verispec.drafters.block import BlockNet
+from verispec.drafters.head import HeadNet
+from verispec.drafters.layers import SharedTarget
+from verispec.train.data import Corpus
+
+HEAD_STEP_DECAY = 0.7  # weight of unrolled step u is HEAD_STEP_DECAY ** (u - 1)
+BLOCK_SLOT_DECAY = 0.85  # weight of mask slot i is BLOCK_SLOT_DECAY ** (i - 1): early drafts matter most
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    accuracy: float  # of the first draft position: how often the drafter's argmax is the target's token
+
+
+class _Sampler:
+    """Draws item start positions: uniform over positions whose next token is a response token."""
+
+    def __init__(self, corpus: Corpus, span: int, seed: int) -> None:
+        self.corpus, self.span, self.seed = corpus, span, seed
+        sequence = corpus.sequence_of()
+        position = torch.arange(len(corpus.tokens))
+        local = position - corpus.starts[sequence]
+        # t predicts t + 1: t + 1 inside the response, and t >= 1 (a feature at t - 1 exists).
+        labelled = (local + 1 >= corpus.prompt_lengths[sequence]) & (local + 1 < corpus.lengths[sequence])
+        self.labelled = torch.nonzero(labelled & (local >= 1)).flatten()
+        if len(self.labelled) == 0:
+            raise ValueError("the corpus has no response positions to train on")
+        self.sequence = sequence
+
+    def starts(self, step: int, items: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(items,) global first positions of the items and (items,) their sequences."""
+        rng = np.random.default_rng([self.seed, step])
+        picks = self.labelled[torch.from_numpy(rng.integers(len(self.labelled), size=items))]
+        offsets = torch.from_numpy(rng.integers(self.span, size=items))
+        sequence = self.sequence[picks]
+        first = torch.maximum(picks - offsets, self.corpus.starts[sequence] + 1)
+        return first, sequence
+
+
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean CE; labels -100 are ignored. logits (..., N), labels and weights (...)."""
+    losses = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+    )
+    mask = (labels.reshape(-1) != -100).to(losses.dtype) * weights.reshape(-1)
+    return (losses * mask).sum() / mask.sum().clamp_min(1e-6)
+
+
+class HeadObjective:
+    """Teacher-forced head with ``unroll`` steps of feeding its own outputs back."""
+
+    def __init__(
+        self, net: HeadNet, shared: SharedTarget, corpus: Corpus, items: int, span: int, unroll: int, seed: int
+    ) -> None:
+        if corpus.hidden is None:
+            raise ValueError("the corpus has no hidden states")
+        self.net, self.shared, self.corpus = net, shared, corpus
+        # Chunks at least as long as the attention window: drafting attends that far back,
+        # so training must have shown the head such distances.
+        self.items, self.span, self.unroll = items, max(span, net.config.window), max(1, unroll)
+        self.sampler = _Sampler(corpus, self.span, seed)
+
+    def step(self, step: int) -> StepResult:
+        corpus = self.corpus
+        assert corpus.hidden is not None
+        first, sequence = self.sampler.starts(step, self.items)
+        end = corpus.starts[sequence] + corpus.lengths[sequence]  # (N,) one past the last position
+        positions = first.unsqueeze(1) + torch.arange(self.span)  # (N, T) global
+        valid = positions <= (end - 2).unsqueeze(1)  # a label x_{t+1} exists
+        safe = torch.where(valid, positions, first.unsqueeze(1))
+        features = corpus.hidden[safe - 1].to(torch.float32)  # h_{t-1}
+        embeds = self.shared.embed(corpus.tokens[safe])
+        local = safe - corpus.starts[sequence].unsqueeze(1)
+        in_response = local + 1 >= corpus.prompt_lengths[sequence].unsqueeze(1)
+        labels = self.shared.label_index[corpus.tokens[safe + 1]]
+        labels = torch.where(valid & in_response, labels, torch.full_like(labels, -100))
+        total = torch.zeros(())
+        weight_sum = 0.0
+        accuracy = 0.0
+        for unrolled in range(self.unroll):
+            outputs, _ = self.net(features, embeds, local, valid=valid)
+            logits = self.shared.logits(self.net.logits_input(outputs))
+            step_labels = labels if unrolled == 0 else labels[:, unrolled:]
+            step_logits = logits if unrolled == 0 else logits[:, unrolled:]
+            weight = HEAD_STEP_DECAY**unrolled
+            total = total + weight * _cross_entropy(step_logits, step_labels, torch.ones_like(step_labels))
+            weight_sum += weight
+            if unrolled == 0:
+                accuracy = _accuracy(logits, labels)
+            # Position t next reads the head's own output at t - 1, as drafting does.
+            features = torch.cat([features[:, :1], outputs[:, :-1]], dim=1)
+        return StepResult(total / weight_sum, accuracy)
+
+
+class BlockObjective:
+    """Each anchor's block of mask slots predicts the tokens after it, in one pass."""
+
+    def __init__(self, net: BlockNet, shared: SharedTarget, corpus: Corpus, items: int, span: int, seed: int) -> None:
+        if corpus.hidden is None:
+            raise ValueError("the corpus has no hidden states")
+        self.net, self.shared, self.corpus = net, shared, corpus
+        self.items, self.span = items, span
+        self.sampler = _Sampler(corpus, span, seed)
+        slots = net.config.block_size - 1
+        self.slot_weights = BLOCK_SLOT_DECAY ** torch.arange(slots, dtype=torch.float32)
+
+    def step(self, step: int) -> StepResult:
+        corpus = self.corpus
+        assert corpus.hidden is not None
+        window, size = self.net.config.window, self.net.config.block_size
+        first, sequence = self.sampler.starts(step, self.items)
+        start = corpus.starts[sequence].unsqueeze(1)
+        end = start + corpus.lengths[sequence].unsqueeze(1)
+        # Context positions [first - window, first + span - 1); anchors [first, first + span).
+        context_positions = first.unsqueeze(1) - window + torch.arange(window + self.span - 1)
+        context_valid = (context_positions >= start) & (context_positions < end)
+        context_features = corpus.hidden[context_positions.clamp(0, len(corpus.tokens) - 1)].to(torch.float32)
+        anchors = first.unsqueeze(1) + torch.arange(self.span)  # (N, A)
+        anchor_valid = anchors <= end - 2
+        safe_anchors = torch.where(anchor_valid, anchors, first.unsqueeze(1))
+        context = self.net.context_keys(context_features, context_positions - start)
+        outputs = self.net(
+            self.shared.embed(corpus.tokens[safe_anchors]),
+            safe_anchors - start,
+            context,
+            context_positions - start,
+            context_valid,
+        )  # (N, A, B - 1, D)
+        targets = safe_anchors.unsqueeze(-1) + torch.arange(1, size)  # (N, A, B - 1) positions predicted
+        prompt_end = (start + corpus.prompt_lengths[sequence].unsqueeze(1)).unsqueeze(-1)
+        usable = (targets < end.unsqueeze(-1)) & (targets >= prompt_end) & anchor_valid.unsqueeze(-1)
+        labels = self.shared.label_index[corpus.tokens[targets.clamp_max(len(corpus.tokens) - 1)]]
+        labels = torch.where(usable, labels, torch.full_like(labels, -100))
+        logits = self.shared.logits(self.net.logits_input(outputs))
+        loss = _cross_entropy(logits, labels, self.slot_weights.expand_as(labels))
+        return StepResult(loss, _accuracy(logits[..., 0, :], labels[..., 0]))
+
+
+def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    counted = labels != -100
+    if not bool(counted.any()):
+        return 0.0
+    return float((logits.argmax(-1)[counted] == labels[counted]).float().mean())

@@ -1,0 +1,265 @@
+"""``train_drafter``: from a target to drafter weights, the steps in order.
+
+1. load the target (torch) and hash its weights;
+2. the corpus: the target answers ``training_prompts`` (cached per target and settings);
+3. its hidden states at the layers the drafter reads (cached likewise);
+4. the draft vocabulary: the ``draft_vocab`` most frequent response tokens;
+5. the network, initialised from the seed; training (resumable);
+6. export: ``config.json`` + ``model.safetensors`` (+ ``loss.png``, ``training.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from verispec.drafters import weights
+from verispec.drafters.block import BlockConfig, BlockNet, evenly_spaced_layers
+from verispec.drafters.head import HeadConfig, HeadNet
+from verispec.drafters.layers import SharedTarget
+from verispec.train import data, loop, objectives
+from verispec.train.prompts import training_prompts
+
+KINDS = ("head", "block")
+Stage = Callable[[str, int], Callable[[int, str], None]]  # (description, total) -> update(done, note)
+
+
+@dataclass(frozen=True)
+class NetSettings:
+    """The drafter's shape; None = the kind's default (head: 1 layer, block: 2 layers)."""
+
+    layers: int | None = None
+    block_size: int = 8
+    target_layers: int = 4  # block: how many evenly spaced target layers it reads
+    draft_vocab: int = 8192
+    window: int | None = None
+    intermediate: int | None = None
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 64
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 1000
+    items: int = 16  # items per step (chunks for head, anchor runs for block)
+    span: int = 48  # positions per item
+    unroll: int = 2  # head: steps of feeding its own output back
+    lr: float = 1e-3
+    warmup: int = 50
+    checkpoint_every: int = 100
+    seed: int = 0
+    bf16: bool = False
+
+
+def _quiet_stage(description: str, total: int) -> Callable[[int, str], None]:
+    return lambda done, note: None
+
+
+def train_drafter(
+    kind: str,
+    out: Path,
+    target_spec: str | None = None,
+    data_settings: data.DataSettings | None = None,
+    net_settings: NetSettings | None = None,
+    train_settings: TrainSettings | None = None,
+    data_dir: Path | None = None,
+    dtype: str | None = None,
+    stage: Stage = _quiet_stage,
+    on_step: loop.StepCallback | None = None,
+    data_only: bool = False,
+) -> dict[str, Any]:
+    """Train a ``kind`` drafter for the target ``target_spec`` into ``out``; returns a summary.
+    ``data_only``: stop once the training set and its hidden states are cached."""
+    from verispec import models
+    from verispec.api import eos_ids
+    from verispec.targets.torch_target import TorchTarget, parse_dtype
+
+    if kind not in KINDS:
+        raise loop.TrainError(f"unknown drafter kind {kind!r}; train one of {', '.join(KINDS)}")
+    data_settings = data_settings or data.DataSettings(tokens=40_000)
+    net_settings = net_settings or NetSettings()
+    train_settings = train_settings or TrainSettings()
+    _validate(data_settings, net_settings, train_settings)
+    torch.manual_seed(train_settings.seed)
+    started = time.perf_counter()
+
+    device = "cpu"  # drafters train on the CPU; the target runs beside them
+    loaded = models.load(target_spec, dtype=parse_dtype(dtype, device), device=device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    target = TorchTarget(model, name=loaded.source.name, eos_token_ids=eos_ids(loaded), exact=False)
+    identity = weights.target_identity(target)
+    fingerprint = identity["weights_sha256"]
+    data_dir = data_dir or models.cache_root() / "train-data" / fingerprint[:16]
+
+    corpus, data_seconds = _corpus(model, tokenizer, target, data_settings, data_dir, fingerprint, stage)
+    layers = _feature_layers(kind, net_settings, target.num_layers)
+    key = data_settings.key(fingerprint)
+    corpus.hidden = data.load_hidden_layers(data_dir, key, layers, target.hidden_size)
+    if corpus.hidden is None:
+        start = time.perf_counter()
+        update = stage("target hidden states", len(corpus.lengths))
+        corpus.hidden = data.hidden_states(model, corpus, layers, progress=lambda d, t: update(d, ""))
+        data.save_hidden(corpus.hidden, data.hidden_path(data_dir, key, layers), key)
+        data_seconds += time.perf_counter() - start
+
+    vocab_ids, coverage = draft_vocabulary(corpus, net_settings.draft_vocab, target.vocab_size)
+    data_summary = {**asdict(data_settings), "sequences": len(corpus.lengths)}
+    data_summary["response_tokens"] = corpus.response_tokens
+    if data_only:
+        return {"data": data_summary, "data_seconds": round(data_seconds, 1), "draft_vocab_coverage": coverage}
+    net, net_config = build_net(kind, net_settings, target.hidden_size, layers, vocab_ids)
+    shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), vocab_ids)
+    objective: loop.Objective
+    if kind == "head":
+        assert isinstance(net, HeadNet)
+        objective = objectives.HeadObjective(
+            net, shared, corpus, train_settings.items, train_settings.span, train_settings.unroll, train_settings.seed
+        )
+    else:
+        assert isinstance(net, BlockNet)
+        objective = objectives.BlockObjective(
+            net, shared, corpus, train_settings.items, train_settings.span, train_settings.seed
+        )
+    schedule = loop.Schedule(
+        train_settings.steps,
+        train_settings.lr,
+        train_settings.warmup,
+        checkpoint_every=train_settings.checkpoint_every,
+        bf16=train_settings.bf16,
+    )
+    run_key = _run_key(kind, fingerprint, data_settings, net_settings, train_settings)
+    net.train()
+    history = loop.run(net, objective, schedule, out, run_key, on_step)
+    net.eval()
+
+    training = {
+        "data": data_summary,
+        "draft_vocab_coverage": coverage,
+        "train": asdict(train_settings),
+        "final_loss": _mean_tail(history.losses),
+        "final_first_draft_accuracy": _mean_tail(history.accuracies),
+        "train_seconds": round(history.seconds, 1),
+        "data_seconds": round(data_seconds, 1),
+        "parameters": sum(p.numel() for p in net.parameters()),
+        "prompts": "verispec.train.prompts (templates x topic words written in the code)",
+    }
+    weights.save(out, kind, net_config, net.state_dict(), identity, training)
+    loop.plot_loss(history, out / "loss.png")
+    (out / "training.json").write_text(json.dumps({"losses": history.losses, "accuracies": history.accuracies}) + "\n")
+    loop.remove_checkpoint(out)
+    training["total_seconds"] = round(time.perf_counter() - started, 1)
+    training["resumed_from_step"] = history.resumed_from
+    return training
+
+
+def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSettings) -> None:
+    problems = []
+    if data_settings.tokens < 1 or data_settings.max_new_tokens < 1 or data_settings.batch_size < 1:
+        problems.append("--tokens, --max-new-tokens and --gen-batch must be >= 1")
+    if train.steps < 1 or train.items < 1 or train.span < 1 or train.checkpoint_every < 1:
+        problems.append("--steps, --items, --span and --checkpoint-every must be >= 1")
+    if net.block_size < 2:
+        problems.append("--block-size must be >= 2 (the anchor and at least one mask)")
+    if net.draft_vocab < 1 or net.target_layers < 1 or (net.layers is not None and net.layers < 1):
+        problems.append("--draft-vocab, --target-layers and --layers must be >= 1")
+    if net.heads % net.kv_heads:
+        problems.append(f"heads ({net.heads}) must be a multiple of kv heads ({net.kv_heads})")
+    if not train.lr > 0:
+        problems.append("--lr must be > 0")
+    if problems:
+        raise loop.TrainError("; ".join(problems))
+
+
+def _corpus(
+    model: Any,
+    tokenizer: Any,
+    target: Any,
+    settings: data.DataSettings,
+    data_dir: Path,
+    fingerprint: str,
+    stage: Stage,
+) -> tuple[data.Corpus, float]:
+    key = settings.key(fingerprint)
+    path = data_dir / f"sequences-{key}.safetensors"
+    corpus = data.load_corpus(path, key)
+    if corpus is not None:
+        return corpus, 0.0
+    start = time.perf_counter()
+    # Prompts enough for the tokens even if answers average 8 tokens; generation stops as
+    # soon as enough are written, so unused prompts cost nothing.
+    count = max(2 * settings.batch_size, math.ceil(settings.tokens / 8))
+    prompts = [data.encode_prompt(tokenizer, text) for text in training_prompts(count, settings.seed)]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_token_ids)
+    update = stage("target writes responses (tokens)", settings.tokens)
+    pairs = data.generate_responses(
+        model, prompts, settings, sorted(target.eos_token_ids), int(pad), lambda d, t: update(d, "")
+    )
+    corpus = data.Corpus.from_sequences(pairs)
+    data.save_corpus(corpus, path, key)
+    return corpus, time.perf_counter() - start
+
+
+def _feature_layers(kind: str, net: NetSettings, num_layers: int) -> tuple[int, ...]:
+    if kind == "head":
+        return (num_layers,)
+    return evenly_spaced_layers(num_layers, min(net.target_layers, num_layers))
+
+
+def draft_vocabulary(corpus: data.Corpus, size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent response tokens (ties: lower id first), as sorted ids, and
+    the share of response tokens they cover."""
+    sequence = corpus.sequence_of()
+    local = torch.arange(len(corpus.tokens)) - corpus.starts[sequence]
+    response = corpus.tokens[local >= corpus.prompt_lengths[sequence]]
+    counts = torch.bincount(response, minlength=vocab_size).to(torch.float64).numpy()
+    # Ties in frequency go to the lower id: lexsort's last key is the primary one.
+    order = np.lexsort((np.arange(vocab_size), -counts))[: min(size, vocab_size)]
+    ids = torch.from_numpy(np.sort(order)).to(torch.long)
+    coverage = float(counts[order].sum() / max(counts.sum(), 1.0))
+    return ids, round(coverage, 4)
+
+
+def build_net(
+    kind: str, settings: NetSettings, hidden: int, layers: tuple[int, ...], vocab_ids: torch.Tensor
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A freshly initialised network and its config as stored in ``config.json``."""
+    common = {
+        "hidden": hidden,
+        "draft_vocab": len(vocab_ids),
+        "heads": settings.heads,
+        "kv_heads": settings.kv_heads,
+        "head_dim": settings.head_dim,
+    }
+    if settings.intermediate is not None:
+        common["intermediate"] = settings.intermediate
+    if settings.window is not None:
+        common["window"] = settings.window
+    if settings.layers is not None:
+        common["layers"] = settings.layers
+    if kind == "head":
+        head_config = HeadConfig(feature_layer=layers[0], **common)
+        return HeadNet(head_config, vocab_ids), asdict(head_config)
+    block_config = BlockConfig(target_layers=layers, block_size=settings.block_size, **common)
+    config = asdict(block_config)
+    config["target_layers"] = list(block_config.target_layers)
+    return BlockNet(block_config, vocab_ids), config
+
+
+def _run_key(kind: str, fingerprint: str, *settings: Any) -> str:
+    text = json.dumps([kind, fingerprint, *(asdict(s) for s in settings)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _mean_tail(values: list[float], count: int = 50) -> float:
+    tail = values[-count:]
+    return round(sum(tail) / len(tail), 4) if tail else float("nan")
