@@ -4,8 +4,9 @@
 
 Prints: the speed-up matrix (category x configuration, over verispec's plain decoding);
 fixed k against ``--k auto`` per category (the governor's targets: auto >= 0.97 everywhere,
-and within 5% of the best fixed k where a fixed k pays); the llama.cpp rows against
-llama-cpp-python's own plain decoding and its prompt-lookup mode; and the identity rates.
+and within 5% of the best fixed k where a fixed k pays); the trained drafters' tokens per
+round and acceptance; the llama.cpp rows against llama-cpp-python's own plain decoding and
+its prompt-lookup mode; and the identity rates.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from verispec.bench.report import OVERALL, Row, summarise
 
 def rows_for(document: dict, baseline: str) -> dict[tuple[str, str], Row]:
     configs = [BenchConfig(label=c["label"], name=c["name"], options=c["options"]) for c in document["configs"]]
-    rows = summarise(document["records"], baseline, greedy=True, own_plain=own_plain(configs, "none"))
+    greedy = document["settings"]["temperature"] == 0
+    rows = summarise(document["records"], baseline, greedy=greedy, own_plain=own_plain(configs, "none"))
     return {(r.category, r.config): r for r in rows}
 
 
@@ -69,6 +71,16 @@ def main() -> None:
             ]
             print(f"| {category} | " + " | ".join(cells) + " |")
 
+    trained = [c for c in labels if c.split(":")[0] in ("head", "block")]
+    if trained:
+        print("\n### Trained drafters: tokens per round (accepted + bonus) and acceptance per category\n")
+        print(matrix(rows, categories, trained, "tokens_per_round"))
+        print()
+        print(matrix(rows, categories, trained, "acceptance_rate"))
+        for label in trained:
+            positions = " ".join(f"{a:.2f}" for a in rows[(OVERALL, label)].per_position)
+            print(f"\n{label}: per-position acceptance overall {positions or '-'}")
+
     if "llama.cpp" in labels:
         versus = rows_for(document, "llama.cpp")
         llama = [c for c in labels if "llama.cpp" in c and c != "llama.cpp"]
@@ -83,7 +95,8 @@ def main() -> None:
                 f"{geomean(spec):.2f}x; over llama.cpp-lookup overall: {fmt(over_lookup)}x"
             )
 
-    print("\n### Greedy identity with the plain decoding of the same runtime (share of prompts)\n")
+    title = "Greedy identity with the plain decoding of the same runtime (share of prompts)"
+    print(f"\n### {title if document['settings']['temperature'] == 0 else 'Acceptance (sampled: no identity)'}\n")
     print("| config | own plain | identical | tokens/round | acceptance |")
     print("|---|---|---|---|---|")
     for label in labels:

@@ -24,6 +24,7 @@ uniforms the rule reads, must not depend on timing noise.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 from verispec import rounds
@@ -36,14 +37,21 @@ PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in t
 # verifying extra rows is almost free (see ALWAYS_WRONG_BOUND).
 MIN_GAIN = 1.03
 FIRST_BACKOFF = 4  # plain rounds before the first re-probe
-MAX_BACKOFF = 64
-PROBE_K = 2
+# The back-off doubles up to the longer of MAX_BACKOFF and the length that keeps the probes'
+# extra cost below PROBE_BUDGET of plain decoding: a probe of PROBE_K drafts costs
+# round_steps(PROBE_K) - 1 steps more than a plain step (0.15 on the exact torch backend,
+# up to ~0.7 on llama.cpp's quantised kernels), so probing stays cheap on every backend while
+# a cheap one re-probes often enough to catch output that starts repeating mid-request.
+MAX_BACKOFF = 16
+PROBE_BUDGET = 0.01
+PROBE_K = 1  # a probe asks one question: is draft position 1 accepted again?
 PROBE_EMA = 0.5  # a probe is fresh evidence after a pause: it moves the estimates more
-# Drafted rounds per 100 tokens an always-wrong drafter can cost, whatever the costs:
-# the estimate falls from 0.5 by a factor 0.8 a round and stops paying below MIN_GAIN - 1
-# = 0.03 after at most 13 rounds; then probes come after 4, 8, 16, 32, 64 plain rounds,
-# 4 of them within the first 100 tokens. 13 + 4 = 17.
-ALWAYS_WRONG_BOUND = 17
+# Drafted rounds per 100 tokens an always-wrong drafter can cost, whatever the costs: the
+# estimate at position 1 starts as a running mean with the prior as one observation (0.5,
+# 0.25, 0.17, 0.125, 0.1), then falls by a factor 1 - ACCEPT_EMA = 0.8 a round, and stops
+# paying below MIN_GAIN - 1 = 0.03: after at most 10 drafted rounds. Then probes come after
+# 4, 8, 16, 16, ... plain rounds: 6 within the first 100 tokens. 10 + 6 = 16.
+ALWAYS_WRONG_BOUND = 16
 
 
 @dataclass
@@ -112,6 +120,7 @@ class Governor:
         self.costs = copy.deepcopy(costs)
         self.adapt_costs = adapt_costs
         self.acceptance: list[float] = []  # moving estimate per draft position
+        self.observed: list[int] = []  # rounds that examined each position
         self.backoff = FIRST_BACKOFF
         self.plain_left = 0  # plain rounds left in the current back-off
         self.probing = False
@@ -148,13 +157,18 @@ class Governor:
         if decision.k == 0 and self.k_max > 0:
             # Nothing pays: decode plainly for a while, then probe again.
             self.plain_left = self.backoff - 1
-            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+            self.backoff = min(2 * self.backoff, self.longest_backoff())
             self.plain_by_governor += 1
             if self.plain_left == 0:
                 self.probing = True
         elif decision.k > 0:
             self.backoff = FIRST_BACKOFF
         return decision
+
+    def longest_backoff(self) -> int:
+        """MAX_BACKOFF, or longer where a probe is dear: probes cost <= PROBE_BUDGET of plain."""
+        extra = self.costs.round_steps(min(PROBE_K, self.k_max)) - 1.0
+        return max(MAX_BACKOFF, math.ceil(extra / PROBE_BUDGET))
 
     def observe(self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """What the round did: drafts offered, the accepted prefix, and its timings."""
@@ -165,11 +179,17 @@ class Governor:
         # Positions up to the first rejection were examined; later ones never were.
         for i in range(min(accepted + 1, offered)):
             hit = 1.0 if i < accepted else 0.0
-            if i < len(self.acceptance):
-                self.acceptance[i] += weight * (hit - self.acceptance[i])
-            else:
-                # First sight of this position: start from the prior, moved by the observation.
-                self.acceptance.append(PRIOR_ACCEPTANCE + weight * (hit - PRIOR_ACCEPTANCE))
+            if i == len(self.acceptance):
+                self.acceptance.append(PRIOR_ACCEPTANCE)
+                self.observed.append(0)
+            # At position 1, a running mean (the prior counting as one observation) until the
+            # moving average would weigh the newest round less: a drafter that never hits is
+            # found out in a few rounds instead of the ~1 / ACCEPT_EMA a moving average needs.
+            # Only there: every drafted round examines position 1, while a later position
+            # judged too harshly on first sight would stop being drafted, and so re-examined.
+            self.observed[i] += 1
+            step = max(weight, 1.0 / (self.observed[i] + 1)) if i == 0 else weight
+            self.acceptance[i] += step * (hit - self.acceptance[i])
         if self.adapt_costs:
             self.costs.observe_verify(offered + 1, verify_seconds)
             self.costs.observe_draft(offered, draft_seconds)

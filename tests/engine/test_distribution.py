@@ -34,6 +34,21 @@ PROMPT = "the cat satG1qLT?U8bysSU8"
 PARAMS = {"temperature": 1.0, "top_k": 5, "top_p": 0.9}
 
 
+def enumerate_law(row):
+    """{(t1, t2, t3): probability}: the product of ``row(prefix)`` (the final distribution of
+    the next token after the output prefix) over the support of each position."""
+    law = {}
+    first = row(())
+    for t1 in np.flatnonzero(first):
+        second = row((t1,))
+        for t2 in np.flatnonzero(second):
+            third = row((t1, t2))
+            for t3 in np.flatnonzero(third):
+                law[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
+    assert abs(sum(law.values()) - 1) < 1e-9
+    return law
+
+
 @pytest.fixture(scope="module")
 def exact_law(tiny_engine):
     """{(t1, t2, t3): probability} by enumeration over the support of each position."""
@@ -46,16 +61,7 @@ def exact_law(tiny_engine):
             logits = model(torch.tensor([prompt + list(output)])).logits[0, -1].float().numpy()
         return final_distribution(logits, params, prompt, list(output))
 
-    law = {}
-    first = row(())
-    for t1 in np.flatnonzero(first):
-        second = row((t1,))
-        for t2 in np.flatnonzero(second):
-            third = row((t1, t2))
-            for t3 in np.flatnonzero(third):
-                law[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
-    assert abs(sum(law.values()) - 1) < 1e-9
-    return law
+    return enumerate_law(row)
 
 
 def run_engine(engine, drafter, k, runs=N_RUNS, prompt=PROMPT):

@@ -6,11 +6,10 @@ the engine are compared with it by chi-square (threshold CHI2_ALPHA) and the lar
 deviation (harness.tolerance of N_RUNS).
 """
 
-import numpy as np
 import pytest
 
 from tests.conformance.harness import CHI2_ALPHA, tolerance
-from tests.engine.test_distribution import N_RUNS, PARAMS, compare, run_engine
+from tests.engine.test_distribution import N_RUNS, PARAMS, compare, enumerate_law, run_engine
 from verispec.sampling import SamplingParams, final_distribution
 from verispec.targets.llamacpp import LlamaCppTarget
 
@@ -29,16 +28,7 @@ def exact_law(llama_engine, tiny_gguf):
         target.prefill(context[:-1])
         return final_distribution(target.verify(context[-1:])[0], params, prompt, list(output))
 
-    law = {}
-    first = row(())
-    for t1 in np.flatnonzero(first):
-        second = row((t1,))
-        for t2 in np.flatnonzero(second):
-            third = row((t1, t2))
-            for t3 in np.flatnonzero(third):
-                law[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
-    assert abs(sum(law.values()) - 1) < 1e-9
-    return law
+    return enumerate_law(row)
 
 
 @pytest.mark.parametrize(("drafter", "k"), [("lookup", 3), ("model", 3), ("lookup", "auto")])

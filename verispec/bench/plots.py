@@ -5,6 +5,7 @@ them from a saved JSON file."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from verispec.bench.report import OVERALL, Row
 
@@ -36,12 +37,7 @@ def _speedup(rows: list[Row], baseline: str, path: Path, title: str) -> Path:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(categories))], categories, rotation=30)
     ax.set_ylabel(f"speed-up over {baseline} (geometric mean)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, title)
 
 
 def _acceptance(rows: list[Row], path: Path, title: str) -> Path:
@@ -55,12 +51,7 @@ def _acceptance(rows: list[Row], path: Path, title: str) -> Path:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance given the position was reached")
     ax.set_ylim(0, 1.02)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, title)
 
 
 def _predicted(rows: list[Row], path: Path, title: str) -> Path:
@@ -79,6 +70,13 @@ def _predicted(rows: list[Row], path: Path, title: str) -> Path:
     ax.set_ylim(0, high)
     ax.set_xlabel("predicted speed-up (theory from measured acceptance and cost)")
     ax.set_ylabel("measured speed-up over its own plain decoding")
+    return _finish(fig, ax, path, title)
+
+
+def _finish(fig: Any, ax: Any, path: Path, title: str) -> Path:
+    """Title, legend, layout; write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -89,8 +89,10 @@ def _round_fields(row: Row, runs: list[dict[str, Any]], baseline: list[dict[str,
         drafted_tokens = rounds.tokens_per_round(accepted, bonus - plain_rounds, drafted)
         row.pays = rounds.pays(drafted_tokens, row.cost_steps)
         row.predicted_speedup = rounds.predicted_speedup_for_rounds(histogram, row.per_position, row.cost_steps)
-    else:
+    elif row.own_plain == row.config:
         row.predicted_speedup = 1.0
+    else:
+        return  # a plain run of another runtime: the theory says nothing about runtimes
     if row.speedup_own is not None and row.predicted_speedup:
         row.efficiency = row.speedup_own / row.predicted_speedup
 

@@ -216,19 +216,13 @@ class BlockDrafter:
 
 def build(target: Any, directory: Path) -> BlockDrafter:
     """A block drafter for ``target`` from a weights directory (checked against the target)."""
-    weights.require_hidden_states(target, KIND)
-    net_config, state = weights.load(directory, KIND, target)
-    config = BlockConfig.from_dict(net_config)
-    if max(config.target_layers) > target.num_layers:
-        raise DrafterError(
-            f"{directory}: reads target layers {config.target_layers}, the target has {target.num_layers}"
-        )
-    net = BlockNet(config, state["vocab_ids"])
-    try:
-        net.load_state_dict(state)
-    except RuntimeError as error:
-        raise DrafterError(f"{directory}: the weights do not fit the block config: {error}") from error
-    shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), state["vocab_ids"])
+    net, shared = weights.load_net(
+        directory,
+        KIND,
+        target,
+        lambda config, vocab_ids: BlockNet(BlockConfig.from_dict(config), vocab_ids),
+        lambda net: net.config.target_layers,
+    )
     return BlockDrafter(net, shared, target)
 
 

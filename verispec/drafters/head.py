@@ -230,19 +230,13 @@ class HeadDrafter:
 
 def build(target: Any, directory: Path) -> HeadDrafter:
     """A head drafter for ``target`` from a weights directory (checked against the target)."""
-    weights.require_hidden_states(target, KIND)
-    net_config, state = weights.load(directory, KIND, target)
-    config = HeadConfig.from_dict(net_config)
-    if config.feature_layer > target.num_layers:
-        raise DrafterError(
-            f"{directory}: reads target layer {config.feature_layer}, the target has {target.num_layers}"
-        )
-    net = HeadNet(config, state["vocab_ids"])
-    try:
-        net.load_state_dict(state)
-    except RuntimeError as error:
-        raise DrafterError(f"{directory}: the weights do not fit the head config: {error}") from error
-    shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), state["vocab_ids"])
+    net, shared = weights.load_net(
+        directory,
+        KIND,
+        target,
+        lambda config, vocab_ids: HeadNet(HeadConfig.from_dict(config), vocab_ids),
+        lambda net: [net.config.feature_layer],
+    )
     return HeadDrafter(net, shared, target)
 
 

@@ -15,12 +15,14 @@ are refused with a message that says what differs and how to train matching ones
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from verispec.drafters.base import DrafterError
+from verispec.drafters.layers import SharedTarget
 
 FORMAT = "verispec-drafter"
 VERSION = 1
@@ -136,3 +138,29 @@ def load(directory: Path, kind: str, target: Any) -> tuple[dict[str, Any], dict[
         raise DrafterError(f"{weights_path} is not a readable safetensors file: {error}") from error
     state = {name: t.to(torch.float32) if t.is_floating_point() else t for name, t in tensors.items()}
     return config["net"], state
+
+
+Net = TypeVar("Net", bound=torch.nn.Module)
+
+
+def load_net(
+    directory: Path,
+    kind: str,
+    target: Any,
+    make_net: Callable[[dict[str, Any], torch.Tensor], Net],
+    layers_read: Callable[[Net], Sequence[int]],
+) -> tuple[Net, SharedTarget]:
+    """The trained net of a drafter directory and the target's shared, frozen embedding and LM
+    head (restricted to the net's draft vocabulary). Checked: the target has hidden states and is
+    the one the weights were trained for, it has the layers the net reads, the state fits."""
+    require_hidden_states(target, kind)
+    net_config, state = load(directory, kind, target)
+    net = make_net(net_config, state["vocab_ids"])
+    read = list(layers_read(net))
+    if max(read) > target.num_layers:
+        raise DrafterError(f"{directory}: reads target layers {read}, the target has {target.num_layers}")
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as error:
+        raise DrafterError(f"{directory}: the weights do not fit the {kind} config: {error}") from error
+    return net, SharedTarget(target.token_embeddings(), target.lm_head_weight(), state["vocab_ids"])
