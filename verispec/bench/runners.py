@@ -136,6 +136,10 @@ class LlamaCppRunner:
             n_threads=threads,
             n_threads_batch=threads,
             draft_model=draft,
+            # llama-cpp-python turns logits_all on for a draft model but sizes its scores
+            # buffer from the argument (n_batch rows): without this its prompt-lookup mode
+            # raises once prompt + output pass n_batch (512) tokens.
+            logits_all=draft is not None,
             verbose=False,
         )
 

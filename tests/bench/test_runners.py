@@ -1,0 +1,23 @@
+"""The llama-cpp-python peer runners on a real GGUF (the tiny one written in the tests)."""
+
+import numpy as np
+import pytest
+
+from tests.tiny_gguf import write_tiny_gguf
+from verispec.bench.configs import parse_config
+from verispec.bench.runners import LlamaCppRunner
+
+pytest.importorskip("llama_cpp")
+
+
+@pytest.mark.parametrize("name", ["llama.cpp", "llama.cpp-lookup"])
+def test_llamacpp_peers_run_past_n_batch_tokens(tmp_path, name):
+    # llama-cpp-python's prompt-lookup mode sized its logits buffer to n_batch (512) rows
+    # and raised once prompt + output passed it (every long Spec-Bench prompt did).
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", seed=0, context=1024)
+    runner = LlamaCppRunner(parse_config(name, []), str(gguf), threads=2)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(3, 60, 600)]
+    record = runner.run(prompt, 32, temperature=0.0, seed=0)
+    assert record.tokens == 32 == len(record.token_ids)
+    plain = LlamaCppRunner(parse_config("llama.cpp", []), str(gguf), threads=2).run(prompt, 32, 0.0, 0)
+    assert record.token_ids == plain.token_ids  # greedy: its drafting changes nothing here
