@@ -56,6 +56,22 @@ def test_switches_off_when_nothing_pays_and_back_on_when_acceptance_returns():
     assert governor.probes > 0
 
 
+def test_an_early_bad_run_at_later_positions_does_not_hold_k_down():
+    # The first rounds reject every draft after the first, then acceptance is 0.6 at every
+    # position. A position is examined only when the chain reaches it, so without the drift
+    # of unexamined estimates the governor kept drafting one token, never to look again.
+    model = costs()
+    best, _ = theory_best(0.6, model, 8)
+    governor = Governor(8, model, adapt_costs=False)
+    for _ in range(15):
+        k = governor.next_k().k
+        governor.observe(k, min(k, 1), 0.0, model.verify(k + 1))
+    chosen = simulate(governor, 0.6, 300, np.random.default_rng(4), model)
+    typical = int(np.median(chosen[150:]))
+    print(f"\n  after an early bad run: theory best k {best}, governor median k {typical}")
+    assert abs(typical - best) <= 1
+
+
 def test_always_wrong_drafter_is_bounded_even_when_verifying_is_free():
     model = CostModel({m: 1.0 for m in range(1, 10)}, 0.0)  # extra rows cost nothing
     governor = Governor(8, model, adapt_costs=False)
