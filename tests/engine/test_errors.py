@@ -67,7 +67,9 @@ def test_prompt_ids_outside_vocabulary(tiny_engine):
 
 
 class NaNAfter:
-    """A real target whose verify passes turn to NaN logits after ``healthy`` calls."""
+    """A real target whose verify passes turn to NaN logits once its cache holds more than
+    ``healthy`` positions. Counted in positions, not calls: how many rounds a request takes
+    depends on the k the governor picks, how far into the output the poison lies does not."""
 
     def __init__(self, target, healthy):
         self.target, self.healthy = target, healthy
@@ -77,8 +79,7 @@ class NaNAfter:
 
     def verify(self, token_ids):
         rows = self.target.verify(token_ids)
-        self.healthy -= 1
-        if self.healthy < 0:
+        if self.target.cached_tokens > self.healthy:
             rows[:, 3] = np.nan
         return rows
 
@@ -89,12 +90,15 @@ def test_nan_logits_fail_the_request_and_the_engine_recovers(tiny_dir):
     from verispec.sampling import NonFiniteLogitsError
 
     loaded = load_engine(str(tiny_dir), dtype="float32")
-    poisoned = NaNAfter(loaded.target, healthy=40)  # calibration and a few rounds succeed
+    # The prompt (7 positions) and the calibration's verify rows (<= 9 past it) stay
+    # healthy, and the first few generated positions; the request's later ones are poisoned.
+    # Seeded, so the sampled request cannot end at an early end-of-sequence by chance.
+    poisoned = NaNAfter(loaded.target, healthy=20)
     engine = Engine(poisoned, loaded.tokenizer)
     for temperature in (0.0, 0.7):
-        poisoned.healthy = 40
+        poisoned.healthy = 20
         with pytest.raises(NonFiniteLogitsError):
-            engine.generate("abc abc", drafter="lookup", temperature=temperature, max_tokens=100)
+            engine.generate("abc abc", drafter="lookup", temperature=temperature, seed=0, max_tokens=100)
         assert loaded.target.cached_tokens == 0  # reset in the engine's finally
     poisoned.healthy = 10**6
     assert len(engine.generate("abc abc", drafter="lookup", max_tokens=10, temperature=0).token_ids) == 10
