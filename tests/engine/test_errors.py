@@ -92,13 +92,20 @@ def test_nan_logits_fail_the_request_and_the_engine_recovers(tiny_dir):
     loaded = load_engine(str(tiny_dir), dtype="float32")
     # The prompt (7 positions) and the calibration's verify rows (<= 9 past it) stay
     # healthy, and the first few generated positions; the request's later ones are poisoned.
-    # Seeded, so the sampled request cannot end at an early end-of-sequence by chance.
-    poisoned = NaNAfter(loaded.target, healthy=20)
+    # A fixed k: under k="auto" the round schedule follows timed costs, and with it how
+    # many uniforms each round draws, so a seeded sampled output differs between machines
+    # (it ended at an end-of-sequence before the poison on CI's). Healthy runs first show
+    # that each output reaches past the poisoned position, so the test cannot pass vacuously.
+    options = {"drafter": "lookup", "k": 2, "seed": 2, "max_tokens": 100}  # seed 2: 100 tokens at T=0.7
+    healthy = 20
+    poisoned = NaNAfter(loaded.target, healthy=10**6)
     engine = Engine(poisoned, loaded.tokenizer)
     for temperature in (0.0, 0.7):
-        poisoned.healthy = 20
+        clean = engine.generate("abc abc", temperature=temperature, **options)
+        assert clean.prompt_tokens + len(clean.token_ids) > healthy + 2
+        poisoned.healthy = healthy
         with pytest.raises(NonFiniteLogitsError):
-            engine.generate("abc abc", drafter="lookup", temperature=temperature, seed=0, max_tokens=100)
+            engine.generate("abc abc", temperature=temperature, **options)
         assert loaded.target.cached_tokens == 0  # reset in the engine's finally
-    poisoned.healthy = 10**6
+        poisoned.healthy = 10**6
     assert len(engine.generate("abc abc", drafter="lookup", max_tokens=10, temperature=0).token_ids) == 10
