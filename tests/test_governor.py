@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from tests.engine.scripted import AlwaysWrongDrafter
+from tests.engine.scripted import AlwaysWrongDrafter, WrongThenRightDrafter
 from verispec import rounds
-from verispec.governor import ALWAYS_WRONG_BOUND, CostModel, Governor
+from verispec.governor import ALWAYS_WRONG_BOUND, FIRST_BACKOFF, CostModel, Governor
 
 
 def costs(step=1.0, per_row=0.08, draft=0.02, k_max=8):
@@ -20,7 +20,8 @@ def theory_best(a, model, k_max):
 
 
 def simulate(governor, acceptance, n_rounds, rng, model):
-    """Run rounds against a drafter right with probability ``acceptance`` at every position."""
+    """Run rounds against a drafter right with probability ``acceptance`` at every position;
+    a shadowing governor's plain rounds score a shadow draft, right with the same chance."""
     chosen = []
     for _ in range(n_rounds):
         k = governor.next_k().k
@@ -28,6 +29,8 @@ def simulate(governor, acceptance, n_rounds, rng, model):
         while accepted < k and rng.random() < acceptance:
             accepted += 1
         governor.observe(k, accepted, k * model.draft_seconds_per_token, model.verify(k + 1))
+        if k == 0 and governor.shadow:
+            governor.observe_shadow(float(rng.random() < acceptance))
         chosen.append(k)
     return chosen
 
@@ -54,6 +57,54 @@ def test_switches_off_when_nothing_pays_and_back_on_when_acceptance_returns():
     assert np.mean([k == 0 for k in bad[50:]]) > 0.9  # drafting off, up to the re-probes
     assert np.mean([k > 0 for k in back[-50:]]) > 0.9  # noticed the change, drafting again
     assert governor.probes > 0
+
+
+@pytest.mark.parametrize("acceptance", [0.8, 0.4])
+def test_a_shadowing_governor_also_picks_the_theorys_k(acceptance):
+    model = costs(draft=0.0)
+    best, _ = theory_best(acceptance, model, 8)
+    governor = Governor(8, model, adapt_costs=False, shadow=True)
+    chosen = simulate(governor, acceptance, 600, np.random.default_rng(5), model)
+    assert abs(int(np.median(chosen[100:])) - best) <= 1
+    assert governor.probes == 0
+
+
+def test_shadow_drafts_resume_drafting_as_soon_as_the_drafter_is_right_again():
+    # Prompt lookup is right in short stretches. Bursts of 12 rounds at acceptance 0.9 between
+    # 40 rounds at 0: probes at growing intervals miss most bursts; shadows see each at once.
+    model = costs(per_row=0.3, draft=0.0)
+    pattern = ([0.0] * 40 + [0.9] * 12) * 8
+    drafted_in_bursts = {}
+    for shadow in (False, True):
+        governor, rng = Governor(8, model, adapt_costs=False, shadow=shadow), np.random.default_rng(6)
+        chosen = [simulate(governor, a, 1, rng, model)[0] for a in pattern]
+        in_bursts = [k > 0 for k, a in zip(chosen, pattern, strict=True) if a > 0]
+        drafted_in_bursts[shadow] = float(np.mean(in_bursts))
+        if shadow:
+            lags = [next(i for i in range(12) if chosen[start + i] > 0) for start in range(40, len(pattern), 52)]
+            assert max(lags) <= 3, lags  # the shadows' running estimate passes break-even by the 3rd
+            assert governor.probes == 0
+    probed, shadowed = drafted_in_bursts[False], drafted_in_bursts[True]
+    print(f"\n  rounds drafted inside the bursts: probes {probed:.0%}, shadows {shadowed:.0%}")
+    assert shadowed > 0.7 > probed
+
+
+def test_a_probe_the_drafter_leaves_empty_is_retried_without_growing_the_back_off():
+    model = costs()
+    governor = Governor(8, model, adapt_costs=False)
+    while (decision := governor.next_k()).k > 0:  # an always-wrong drafter, until it backs off
+        governor.observe(decision.k, 0, 0.0, model.verify(decision.k + 1))
+    governor.observe(0, 0, 0.0, model.verify(1))
+    while not (decision := governor.next_k()).probe:
+        governor.observe(0, 0, 0.0, model.verify(1))
+    backoff, probes = governor.backoff, governor.probes
+    for _ in range(3):  # the drafter offers nothing: a plain step, and the probe stays due
+        governor.observe(0, 0, 0.0, model.verify(1))
+        decision = governor.next_k()
+        assert decision.probe and decision.k > 0
+    assert (governor.backoff, governor.probes) == (backoff, probes)
+    governor.observe(decision.k, decision.k, 0.0, model.verify(decision.k + 1))  # offered, all right
+    assert governor.backoff == FIRST_BACKOFF and governor.probes == probes
 
 
 def test_an_early_bad_run_at_later_positions_does_not_hold_k_down():
@@ -101,6 +152,25 @@ def test_engine_with_an_always_wrong_drafter_is_bounded_and_output_unchanged(tin
     print(f"\n  engine, always-wrong drafter, k=auto: {drafted} drafted rounds in 100 tokens")
     assert drafted <= ALWAYS_WRONG_BOUND
     assert sum(result.stats.k_chosen_histogram.values()) == result.stats.rounds
+
+
+def test_engine_shadows_a_pure_drafter_and_resumes_drafting_when_it_turns_right(tiny_engine):
+    # Wrong for the first 70 output tokens, right for the last 80: the governor stops drafting,
+    # and with no probe (shadowing replaces them) only the shadows can turn drafting back on.
+    prompt = "the cat sat on the mat. the"
+    plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=150)
+    script, switch = tiny_engine.encode(prompt) + plain.token_ids, len(tiny_engine.encode(prompt)) + 70
+    results = {}
+    for pure in (True, False):
+        drafter = WrongThenRightDrafter(script, tiny_engine.target.vocab_size, switch, pure)
+        results[pure] = tiny_engine.generate(prompt, drafter=drafter, k="auto", temperature=0, max_tokens=150)
+        assert results[pure].token_ids == plain.token_ids
+    shadowed, probed = results[True].stats, results[False].stats
+    print(f"\n  accepted after the switch: shadows {shadowed.accepted}, probes {probed.accepted} of 80")
+    assert shadowed.governor_shadow_drafts > 0 and shadowed.governor_probes == 0
+    assert shadowed.governor_shadow_drafts == shadowed.governor_plain_rounds
+    assert shadowed.accepted >= 55  # every drafted round after the switch accepts all it offers
+    assert probed.governor_shadow_drafts == 0 and probed.governor_probes > 0  # not pure: probed
 
 
 def test_governed_decisions_are_visible_in_stats(tiny_engine):

@@ -116,6 +116,17 @@ def accept_chain(
     return ChainResult(accepted=k, token=sample_index(p[k], u[2 * k]), uniforms_used=2 * k + 1)
 
 
+def acceptance_probability(target_probs: ArrayLike, draft_token: int, draft_probs: ArrayLike | None) -> float:
+    """The probability that the rule accepts ``draft_token``: min(1, p(x) / q(x)), 0 where q(x) = 0.
+
+    Rows (V,) as in ``accept_step``. The governor scores drafts it never verified with it.
+    """
+    p = _rows(target_probs, "target_probs", ndim=1)
+    _check_token(draft_token, p.shape[0])
+    q_x = 1.0 if draft_probs is None else float(_rows(draft_probs, "draft_probs", ndim=1)[draft_token])
+    return min(1.0, float(p[draft_token]) / q_x) if q_x > 0.0 else 0.0
+
+
 def _step(p: Row, x: int, q: Row | None, u_accept: float, u_residual: float) -> StepResult:
     q_x = 1.0 if q is None else float(q[x])
     # min(1, p/q) without a division; a draft its own q gave no mass is never accepted.

@@ -89,6 +89,8 @@ def summary_line(stats: Any) -> str:
     if stats.k_chosen_histogram:
         chosen = " ".join(f"{k}:{n}" for k, n in sorted(stats.k_chosen_histogram.items()))
         parts.append(f"governor k chosen {{{chosen}}}, plain {stats.governor_plain_rounds}")
+        if stats.governor_shadow_drafts:
+            parts.append(f"shadow drafts {stats.governor_shadow_drafts}")
     return " | ".join(parts)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from verispec.accept import accept_chain
+from verispec.accept import accept_chain, acceptance_probability
 from verispec.detokenize import TextStream
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
 from verispec.governor import PROBE_K, CostModel, Governor
@@ -249,6 +249,7 @@ class Engine:
     def _rounds(self, request: _Request) -> Iterator[str]:
         target, params, stats = self.target, request.params, request.stats
         rng = np.random.default_rng(request.seed)
+        shadow_rng = np.random.default_rng([request.seed, 1])
         prompt = request.prompt_ids
         context = request.context
         context.extend(prompt)
@@ -265,12 +266,18 @@ class Engine:
                 break
             if governor is not None:
                 choice = governor.next_k()
-                stats.observe_choice(choice.k, choice.probe)
                 k = min(choice.k, room - 1)
             else:
                 k = min(int(request.k), room - 1)
             t0 = time.perf_counter()
             draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
+            # A plain round under a shadowing governor still asks the drafter for one token
+            # (on its own RNG: the rule's uniforms must not depend on it), never verified.
+            shadow = NO_DRAFT
+            if governor is not None and choice.k == 0 and governor.shadow:
+                shadow = request.drafter.propose(context, 1, shadow_rng)
+            if governor is not None:  # a probe the drafter left empty examined nothing
+                stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
             if len(draft.tokens) > k:
                 draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
             t1 = time.perf_counter()
@@ -288,6 +295,10 @@ class Engine:
                 # The rule's own verdicts, not the committed count: a stop inside the kept
                 # prefix says nothing about the drafter.
                 governor.observe(len(draft.tokens), verdict.accepted, t1 - t0, t2 - t1)
+                if shadow.tokens:
+                    stats.governor_shadow_drafts += 1
+                    q = None if shadow.probs is None else shadow.probs[0]
+                    governor.observe_shadow(acceptance_probability(target_probs[0], shadow.tokens[0], q))
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 request.drafter.observe(context, accepted)
@@ -328,7 +339,11 @@ class Engine:
             return None
         # A seeded sampled request must get the same k schedule every time: frozen costs.
         reproducible = request.params.seed is not None and not request.params.greedy
-        governor = Governor(k_max, calibrated if reproducible else live, adapt_costs=not reproducible)
+        costs = calibrated if reproducible else live
+        # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
+        # nothing the next round sees), and only while they are nearly free.
+        shadow = bool(getattr(request.drafter, "pure_proposals", False)) and Governor.can_shadow(costs)
+        governor = Governor(k_max, costs, adapt_costs=not reproducible, shadow=shadow)
         request.governor = governor
         return governor
 

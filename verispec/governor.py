@@ -9,7 +9,17 @@ decoding yields 1 token per ``r(1)``. Before each round the governor picks the k
 
 When nothing pays it decodes plainly for a back-off period, then probes with a small k; the
 period doubles each time a probe still does not pay and resets when one does, so a workload
-that changes mid-request is noticed at a cost bounded by the probes.
+that changes mid-request is noticed at a cost bounded by the probes. A probe counts only
+when the drafter offers something: a round it leaves empty is a plain step and examined
+nothing, so the probe waits for the next round.
+
+Shadow drafting replaces back-off and probes for a drafter whose proposals are free and
+pure (prompt lookup: a dictionary read that changes nothing): in a plain round the engine
+asks it for one token anyway, and the target's own row of that round says how likely the
+rule would have accepted it (``min(1, p(x) / q(x))``), which is evidence at position 1 at no
+cost. The governor then decides afresh every round, and resumes drafting the round the
+drafter starts being right; probes at fixed intervals missed the short stretches in which
+prompt lookup is right (math: 0 of 7 probed drafts accepted where a fixed k = 2 had 23 of 116).
 
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
 output distribution, is untouched.
@@ -50,11 +60,14 @@ PROBE_BUDGET = 0.01
 PROBE_K = 2
 PROBE_EMA = 0.5  # a probe is fresh evidence after a pause: it moves the estimates more
 STALE_DRIFT = 0.05  # per round, of the gap to the position before (~20-round memory)
+# Shadow drafting only for a drafter whose proposals cost at most this share of a plain step.
+SHADOW_MAX_COST = 0.02
 # Drafted rounds per 100 tokens an always-wrong drafter can cost, whatever the costs: the
 # estimate at position 1 starts as a running mean with the prior as one observation (0.5,
 # 0.25, 0.17, 0.125, 0.1), then falls by a factor 1 - ACCEPT_EMA = 0.8 a round, and stops
 # paying below MIN_GAIN - 1 = 0.03: after at most 10 drafted rounds. Then probes come after
-# 4, 8, 16, 16, ... plain rounds: 6 within the first 100 tokens. 10 + 6 = 16.
+# 4, 8, 16, 16, ... plain rounds: 6 within the first 100 tokens. 10 + 6 = 16. With shadow
+# drafting there are no probes, and the shadows keep position 1's estimate at zero.
 ALWAYS_WRONG_BOUND = 16
 
 
@@ -115,7 +128,8 @@ class Decision:
 class Governor:
     """Per-request: chooses k before each round, observes what the round did."""
 
-    def __init__(self, k_max: int, costs: CostModel, adapt_costs: bool = True) -> None:
+    def __init__(self, k_max: int, costs: CostModel, adapt_costs: bool = True, shadow: bool = False) -> None:
+        """``shadow``: plain rounds will report a shadow draft's acceptance (``observe_shadow``)."""
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         if not costs.known:
@@ -123,6 +137,7 @@ class Governor:
         self.k_max = k_max
         self.costs = copy.deepcopy(costs)
         self.adapt_costs = adapt_costs
+        self.shadow = shadow
         self.acceptance: list[float] = []  # moving estimate per draft position
         self.observed: list[int] = []  # rounds that examined each position
         self.backoff = FIRST_BACKOFF
@@ -145,7 +160,16 @@ class Governor:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
 
+    @staticmethod
+    def can_shadow(costs: CostModel) -> bool:
+        """Whether proposals are cheap enough to ask for in every plain round."""
+        return costs.draft_seconds_per_token <= SHADOW_MAX_COST * costs.verify(1)
+
     def next_k(self) -> Decision:
+        if self.shadow:  # fresh evidence every round: no back-off, no probes
+            decision = self.best()
+            self.plain_by_governor += int(decision.k == 0)
+            return decision
         if self.plain_left > 0:
             self.plain_left -= 1
             self.plain_by_governor += 1
@@ -176,24 +200,20 @@ class Governor:
 
     def observe(self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """What the round did: drafts offered, the accepted prefix, and its timings."""
+        if self.last_was_probe and offered == 0:
+            # The drafter had nothing to offer: a plain step that examined nothing. The
+            # probe is still due, and the back-off must not grow on no evidence.
+            self.probes -= 1
+            self.probing = True
+            self.last_was_probe = False
+            return
         weight = PROBE_EMA if self.last_was_probe else ACCEPT_EMA
         if self.last_was_probe and accepted > 0:
             self.backoff = FIRST_BACKOFF  # the workload may have changed: look again soon
         self.last_was_probe = False
         # Positions up to the first rejection were examined; later ones never were.
         for i in range(min(accepted + 1, offered)):
-            hit = 1.0 if i < accepted else 0.0
-            if i == len(self.acceptance):
-                self.acceptance.append(PRIOR_ACCEPTANCE)
-                self.observed.append(0)
-            # At position 1, a running mean (the prior counting as one observation) until the
-            # moving average would weigh the newest round less: a drafter that never hits is
-            # found out in a few rounds instead of the ~1 / ACCEPT_EMA a moving average needs.
-            # Only there: every drafted round examines position 1, while a later position
-            # judged too harshly on first sight would stop being drafted, and so re-examined.
-            self.observed[i] += 1
-            step = max(weight, 1.0 / (self.observed[i] + 1)) if i == 0 else weight
-            self.acceptance[i] += step * (hit - self.acceptance[i])
+            self._update(i, 1.0 if i < accepted else 0.0, weight)
         # Positions this round did not examine drift up toward the one before them: an early
         # low estimate beyond the k in use would otherwise never be examined again, and hold
         # k below the best (a position is examined only when the chain reaches it).
@@ -204,3 +224,24 @@ class Governor:
         if self.adapt_costs:
             self.costs.observe_verify(offered + 1, verify_seconds)
             self.costs.observe_draft(offered, draft_seconds)
+
+    def observe_shadow(self, acceptance: float) -> None:
+        """A plain round's shadow draft: the probability in [0, 1] that the rule would have
+        accepted it at position 1 (at greedy, 1 if it is the target's token, else 0)."""
+        if not 0.0 <= acceptance <= 1.0:
+            raise ValueError(f"a shadow acceptance is a probability, got {acceptance}")
+        self._update(0, acceptance, ACCEPT_EMA)
+
+    def _update(self, i: int, hit: float, weight: float) -> None:
+        """Move the estimate at draft position i toward one round's outcome there."""
+        if i == len(self.acceptance):
+            self.acceptance.append(PRIOR_ACCEPTANCE)
+            self.observed.append(0)
+        # At position 1, a running mean (the prior counting as one observation) until the
+        # moving average would weigh the newest round less: a drafter that never hits is
+        # found out in a few rounds instead of the ~1 / ACCEPT_EMA a moving average needs.
+        # Only there: every drafted round examines position 1, while a later position
+        # judged too harshly on first sight would stop being drafted, and so re-examined.
+        self.observed[i] += 1
+        step = max(weight, 1.0 / (self.observed[i] + 1)) if i == 0 else weight
+        self.acceptance[i] += step * (hit - self.acceptance[i])

@@ -36,10 +36,12 @@ class RequestStats:
     # ``cost_steps`` when this request ran no plain round of its own.
     reference_step_seconds: float | None = None
     # The economics governor's decisions (empty with a fixed k): k chosen per round, rounds
-    # it chose to decode plainly, and re-probes after a back-off.
+    # it chose to decode plainly, re-probes after a back-off, and plain rounds that asked the
+    # drafter for a shadow draft (scored against the target's row, never verified).
     k_chosen_histogram: dict[int, int] = field(default_factory=dict)
     governor_plain_rounds: int = 0
     governor_probes: int = 0
+    governor_shadow_drafts: int = 0
 
     def observe_choice(self, k: int, probe: bool) -> None:
         """Count the k a governor chose for the coming round (0: decode plainly)."""
@@ -148,6 +150,7 @@ class RequestStats:
             "k_chosen_histogram": {str(k): n for k, n in sorted(self.k_chosen_histogram.items())},
             "governor_plain_rounds": self.governor_plain_rounds,
             "governor_probes": self.governor_probes,
+            "governor_shadow_drafts": self.governor_shadow_drafts,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "plain_seconds": self.plain_seconds,

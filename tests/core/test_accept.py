@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from verispec.accept import RuleInputError, accept_chain, accept_step, residual, sample_index
+from verispec.accept import (
+    RuleInputError,
+    accept_chain,
+    accept_step,
+    acceptance_probability,
+    residual,
+    sample_index,
+)
 
 P = np.array([0.45, 0.35, 0.20])
 Q = np.array([0.10, 0.80, 0.10])
@@ -34,6 +41,19 @@ def test_point_mass_draft_is_accepted_with_probability_p_and_residual_excludes_i
     # Residual = p without token 1: [0.45, 0, 0.20] / 0.65; u = 0.5 -> 0.325 < 0.45 -> token 0.
     assert rejected.token == 0
     assert accept_step(P, 1, None, 0.3501, 0.70).token == 2
+
+
+def test_acceptance_probability_is_the_rules_threshold():
+    # The uniform at which accept_step flips is the probability; 0 where q(x) = 0.
+    assert acceptance_probability(P, 1, Q) == pytest.approx(0.4375)
+    assert acceptance_probability(P, 0, Q) == 1.0
+    assert acceptance_probability(P, 2, None) == pytest.approx(0.20)
+    assert acceptance_probability(P, 2, np.array([0.5, 0.5, 0.0])) == 0.0
+    for x, q in [(1, Q), (2, None)]:
+        a = acceptance_probability(P, x, q)
+        assert accept_step(P, x, q, a - 1e-9, 0.0).accepted and not accept_step(P, x, q, a + 1e-9, 0.0).accepted
+    with pytest.raises(RuleInputError):
+        acceptance_probability(P, 3, None)
 
 
 def test_zero_draft_probability_is_rejected_without_nan():

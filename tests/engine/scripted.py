@@ -59,6 +59,22 @@ class GreedyButReportsSoftmax(ModelDrafter):
         return Draft(tokens=tokens, probs=np.stack(rows))
 
 
+class WrongThenRightDrafter(ScriptDrafter):
+    """Wrong (as ``AlwaysWrongDrafter``) while the context is shorter than ``switch``, right
+    after it; ``pure`` sets ``pure_proposals``, which lets the governor shadow it."""
+
+    name = "wrong-then-right"
+
+    def __init__(self, script, vocab_size: int, switch: int, pure: bool) -> None:
+        super().__init__(script)
+        self.vocab_size, self.switch, self.pure_proposals = vocab_size, switch, pure
+
+    def propose(self, context, k, rng) -> Draft:
+        n = len(context)
+        right = self.script[n : n + k]
+        return Draft(tokens=right if n >= self.switch else [(t + 1) % self.vocab_size for t in right])
+
+
 class AlwaysWrongDrafter(ScriptDrafter):
     """Proposes, at greedy, tokens that differ from the target's own continuation."""
 

@@ -15,6 +15,10 @@ the target's capture on for the request, so ``begin`` finds the prompt's states 
 ``target.last_hidden`` and ``observe`` the last verify pass's (rows 0..accepted are the
 committed positions).
 
+A drafter whose ``propose`` is pure (it changes nothing a later call sees) and cheap may
+set ``pure_proposals = True``: the governor then asks it for a shadow draft in plain rounds,
+to see whether drafting would pay again (``verispec.governor``).
+
 A drafter proposes and observes; it never decides acceptance. The engine creates drafters
 through ``create_drafter(name, ...)``; the registry is the only place names are looked up.
 """

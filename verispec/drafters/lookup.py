@@ -20,6 +20,7 @@ from verispec.sampling import SamplingParams
 
 class LookupDrafter:
     name = "lookup"
+    pure_proposals = True  # an index read; see drafters.base
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

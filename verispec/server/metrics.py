@@ -6,8 +6,8 @@ pass commits past them. Per-position counters are labelled with the draft positi
 1 being the first drafted token of a round; their ratio is per-position acceptance.
 
 The governor's decisions (``--k auto``): rounds by the k it chose (0 = a plain step),
-its probes after a plain back-off, and each generation's measured cost of a drafted round
-in plain decode steps.
+its probes after a plain back-off, its shadow drafts in plain rounds, and each
+generation's measured cost of a drafted round in plain decode steps.
 """
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ class Metrics:
         self.governor_probes = Counter(
             "verispec_governor_probes", "rounds the governor drafted to re-probe after a plain back-off", registry=r
         )
+        self.governor_shadow_drafts = Counter(
+            "verispec_governor_shadow_drafts",
+            "plain rounds whose drafter's proposal was scored against the target, not verified",
+            registry=r,
+        )
         self.cost_steps = Histogram(
             "verispec_round_cost_steps",
             "per generation: the mean time of a drafted round over a plain decode step",
@@ -90,6 +95,7 @@ class Metrics:
         for k, count in stats.k_chosen_histogram.items():
             self.k_chosen.labels(k=str(k)).inc(count)
         self.governor_probes.inc(stats.governor_probes)
+        self.governor_shadow_drafts.inc(stats.governor_shadow_drafts)
         if stats.cost_steps is not None:
             self.cost_steps.observe(stats.cost_steps)
 
