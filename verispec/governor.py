@@ -206,7 +206,6 @@ class Governor:
             self.probes -= 1
             self.probing = True
             self.last_was_probe = False
-            return
         weight = PROBE_EMA if self.last_was_probe else ACCEPT_EMA
         if self.last_was_probe and accepted > 0:
             self.backoff = FIRST_BACKOFF  # the workload may have changed: look again soon
