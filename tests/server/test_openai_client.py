@@ -157,7 +157,9 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
             if name == "verispec_governor_k_chosen_total"
         }
 
-    before = chosen(server.metrics())
+    shadows = ("verispec_governor_shadow_drafts_total", ())
+    before_samples = server.metrics()
+    before = chosen(before_samples)
     response = client.completions.create(
         model=server.model,
         prompt="one two three one two three one two three",
@@ -169,5 +171,9 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
     histogram = {k: n for k, n in block["k_chosen_histogram"].items()}
     assert block["k"] == "auto" and sum(histogram.values()) == block["rounds"]
     assert block["governor_plain_rounds"] == histogram.get("0", 0)
-    after = chosen(server.metrics())
+    after_samples = server.metrics()
+    after = chosen(after_samples)
     assert {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)} == histogram
+    # Prompt lookup shadows its plain rounds: as many as the usage block says, in /metrics too.
+    assert 0 <= block["governor_shadow_drafts"] <= block["governor_plain_rounds"]
+    assert after_samples[shadows] - before_samples[shadows] == block["governor_shadow_drafts"]

@@ -18,7 +18,7 @@ from verispec.sampling import SamplingParams
 
 class WrongDrafter:
     name = "wrong"
-    pure_proposals = True  # an index read; see drafters.base
+    pure_proposals = True  # a constant; see drafters.base
 
     def __init__(self, token: int) -> None:
         self.token = token
