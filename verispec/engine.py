@@ -271,13 +271,14 @@ class Engine:
                 k = min(int(request.k), room - 1)
             t0 = time.perf_counter()
             draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
-            # A plain round under a shadowing governor still asks the drafter for one token
-            # (on its own RNG: the rule's uniforms must not depend on it), never verified.
             shadow = NO_DRAFT
-            if governor is not None and choice.k == 0 and governor.shadow:
-                shadow = request.drafter.propose(context, 1, shadow_rng)
-            if governor is not None:  # a probe the drafter left empty examined nothing
+            if governor is not None:
+                # A probe the drafter left empty examined nothing. A plain round under a
+                # shadowing governor still asks the drafter for one token (on its own RNG:
+                # the rule's uniforms must not depend on it), never verified.
                 stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
+                if choice.k == 0 and governor.shadow:
+                    shadow = request.drafter.propose(context, 1, shadow_rng)
             if len(draft.tokens) > k:
                 draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
             t1 = time.perf_counter()

@@ -60,8 +60,9 @@ class GreedyButReportsSoftmax(ModelDrafter):
 
 
 class WrongThenRightDrafter(ScriptDrafter):
-    """Wrong (as ``AlwaysWrongDrafter``) while the context is shorter than ``switch``, right
-    after it; ``pure`` sets ``pure_proposals``, which lets the governor shadow it."""
+    """Wrong at greedy (each token of the target's continuation plus one) while the context
+    is shorter than ``switch``, right after it; ``pure`` sets ``pure_proposals``, which lets
+    the governor shadow it."""
 
     name = "wrong-then-right"
 
@@ -75,16 +76,10 @@ class WrongThenRightDrafter(ScriptDrafter):
         return Draft(tokens=right if n >= self.switch else [(t + 1) % self.vocab_size for t in right])
 
 
-class AlwaysWrongDrafter(ScriptDrafter):
+class AlwaysWrongDrafter(WrongThenRightDrafter):
     """Proposes, at greedy, tokens that differ from the target's own continuation."""
 
     name = "always-wrong"
 
     def __init__(self, script, vocab_size: int) -> None:
-        super().__init__(script)
-        self.vocab_size = vocab_size
-
-    def propose(self, context, k, rng) -> Draft:
-        n = len(context)
-        right = self.script[n : n + k]
-        return Draft(tokens=[(t + 1) % self.vocab_size for t in right])
+        super().__init__(script, vocab_size, switch=len(script) + 1, pure=False)
