@@ -4,7 +4,8 @@
 
 Takes the plain (``none``) outputs of a greedy ``verispec bench`` run and replays prompt lookup
 over them (``verispec.bench.replay``) under fixed k in {2, 4, 8}, under the governor with shadow
-drafts (as shipped) and with probes instead, and an always-wrong drafter under the governor.
+drafts (as shipped: each request starts from the acceptance of those before it), without that
+memory, and with probes instead, and an always-wrong drafter under the governor.
 A round of d drafts costs 1 + per_row * d plain steps: 0.147 per row is what the bench measured
 on the torch backend (cost steps 1.30, 1.58, 2.18 at k = 2, 4, 8). Prints per category the
 speed-up over plain (geometric mean over prompts) and auto over the best fixed k.
@@ -22,6 +23,7 @@ from verispec.bench import run
 from verispec.bench.replay import Schedule, replay
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
+from verispec.governor import AcceptanceMemory
 from verispec.prompts import load_prompts
 
 FIXED = (2, 4, 8)
@@ -38,26 +40,36 @@ def main() -> None:
     engine = load_engine(document["settings"]["model"])
     texts = {p.question_id: p.text for p in load_prompts()}
     speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for record in document["records"]:
-        if record["config"] != "none":
-            continue
+    # An engine's governor starts each request from the acceptance of the ones before it
+    # (per drafter); the "no memory" columns start every request from the prior.
+    memories = {"lookup": AcceptanceMemory(), "wrong": AcceptanceMemory()}
+    plain = [r for r in document["records"] if r["config"] == "none" and r.get("repeat", 0) == 0]
+    plain.sort(key=lambda r: r["prompt_index"])
+    for record in plain:
         prompt, output = engine.encode(texts[record["question_id"]]), record["token_ids"]
         if len(prompt) != record["prompt_tokens"]:
             raise SystemExit(
                 f"prompt {record['question_id']}: {len(prompt)} tokens, the run had {record['prompt_tokens']}"
             )
         schedules = {f"k={k}": Schedule.fixed(k) for k in FIXED}
-        schedules["auto"] = Schedule.governed(8, args.per_row, shadow=True)
+        schedules["auto"] = Schedule.governed(8, args.per_row, shadow=True, memory=memories["lookup"])
+        schedules["auto, no memory"] = Schedule.governed(8, args.per_row, shadow=True)
         schedules["auto, probes"] = Schedule.governed(8, args.per_row, shadow=False)
-        for name, schedule in schedules.items():
-            speedup = replay(prompt, output, LookupDrafter(), schedule, args.per_row).speedup(len(output))
+        wrong = {
+            "wrong (auto)": Schedule.governed(8, args.per_row, shadow=True, memory=memories["wrong"]),
+            "wrong, no memory": Schedule.governed(8, args.per_row, shadow=True),
+        }
+        runs = [(name, schedule, LookupDrafter()) for name, schedule in schedules.items()]
+        runs += [(name, schedule, WrongDrafter(-1)) for name, schedule in wrong.items()]
+        for name, schedule, drafter in runs:
+            speedup = replay(prompt, output, drafter, schedule, args.per_row).speedup(len(output))
             for group in (record["category"], "overall"):
                 speedups[group][name].append(speedup)
-        wrong = replay(prompt, output, WrongDrafter(-1), Schedule.governed(8, args.per_row, shadow=True), args.per_row)
-        for group in (record["category"], "overall"):
-            speedups[group]["wrong (auto)"].append(wrong.speedup(len(output)))
+        for memory, schedule in ((memories["lookup"], schedules["auto"]), (memories["wrong"], wrong["wrong (auto)"])):
+            assert schedule.governor is not None
+            memory.learn(schedule.governor)
 
-    names = [*(f"k={k}" for k in FIXED), "auto", "auto, probes", "wrong (auto)"]
+    names = [*(f"k={k}" for k in FIXED), "auto", "auto, no memory", "auto, probes", "wrong (auto)", "wrong, no memory"]
     print(f"Replayed speed-up over plain decoding (a round of d drafts costs 1 + {args.per_row} d steps)\n")
     print("| category | " + " | ".join(names) + " | auto / best fixed | probes / best fixed |")
     print("|---|" + "---|" * (len(names) + 2))

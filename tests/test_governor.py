@@ -5,7 +5,7 @@ import pytest
 
 from tests.engine.scripted import AlwaysWrongDrafter, WrongThenRightDrafter
 from verispec import rounds
-from verispec.governor import ALWAYS_WRONG_BOUND, FIRST_BACKOFF, CostModel, Governor
+from verispec.governor import ALWAYS_WRONG_BOUND, FIRST_BACKOFF, MEMORY_EMA, AcceptanceMemory, CostModel, Governor
 
 
 def costs(step=1.0, per_row=0.08, draft=0.02, k_max=8):
@@ -131,6 +131,44 @@ def test_always_wrong_drafter_is_bounded_even_when_verifying_is_free():
     assert drafted <= ALWAYS_WRONG_BOUND
 
 
+def test_a_start_from_memory_spares_a_known_wrong_drafter_its_drafted_rounds():
+    model = costs()
+    drafted = {}
+    for start in ((), (0.0,)):
+        governor = Governor(8, model, adapt_costs=False, shadow=True, start=start)
+        drafted[start] = sum(k > 0 for k in simulate(governor, 0.0, 100, np.random.default_rng(5), model))
+    print(f"\n  always-wrong drafter, drafted rounds in 100: prior {drafted[()]}, memory {drafted[(0.0,)]}")
+    assert drafted[()] > 0  # the prior costs a few rounds ...
+    assert drafted[(0.0,)] == 0  # ... that a memory of the last request saves
+
+
+def test_a_start_from_memory_drafts_a_known_good_drafter_from_the_first_round():
+    model = costs()
+    first = {start: Governor(8, model, start=start).next_k().k for start in ((), (0.9,), (0.0,))}
+    assert first[(0.9,)] > first[()] > 0 and first[(0.0,)] == 0
+    with pytest.raises(ValueError, match="probabilities"):
+        Governor(8, model, start=[1.5])
+
+
+def test_acceptance_memory_learns_position_one_of_finished_requests():
+    memory = AcceptanceMemory()
+    assert memory.start() == []
+    idle = Governor(8, costs())
+    memory.learn(idle)  # examined nothing: nothing learned
+    assert memory.first is None and memory.requests == 0
+    first = Governor(8, costs(), shadow=True)
+    first.observe(2, 2, 0.0, 1.0)  # position 1 right (position 2 too: not carried)
+    first.observe(2, 0, 0.0, 1.0)  # position 1 wrong
+    first.observe_shadow(0.25)  # a shadow draft counts at position 1
+    memory.learn(first)
+    assert memory.first == pytest.approx(1.25 / 3) and memory.start() == [pytest.approx(1.25 / 3)]
+    second = Governor(8, costs(), start=memory.start())
+    second.observe(1, 1, 0.0, 1.0)
+    memory.learn(second)
+    assert memory.first == pytest.approx(1.25 / 3 + MEMORY_EMA * (1.0 - 1.25 / 3))
+    assert memory.requests == 2
+
+
 def test_costs_interpolate_and_floor_at_one_step():
     model = CostModel({1: 0.010, 3: 0.014, 5: 0.018}, 0.0)
     assert model.verify(2) == pytest.approx(0.012)
@@ -171,6 +209,35 @@ def test_engine_shadows_a_pure_drafter_and_resumes_drafting_when_it_turns_right(
     assert shadowed.governor_shadow_drafts == shadowed.governor_plain_rounds
     assert shadowed.accepted >= 55  # every drafted round after the switch accepts all it offers
     assert probed.governor_shadow_drafts == 0 and probed.governor_probes > 0  # not pure: probed
+
+
+class _RememberedWrongDrafter(AlwaysWrongDrafter):
+    name = "remembered-wrong"  # the engine's memory is per drafter name: this test's own
+
+
+def test_engine_starts_a_request_from_the_drafters_recent_acceptance(tiny_engine):
+    prompt = "the cat sat on the mat. the cat sat"
+    plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=60)
+    script = tiny_engine.encode(prompt) + plain.token_ids
+
+    def run(**sampling):
+        drafter = _RememberedWrongDrafter(script, tiny_engine.target.vocab_size)
+        drafter.pure_proposals = True
+        return tiny_engine.generate(prompt, drafter=drafter, k="auto", max_tokens=60, **sampling)
+
+    first, second = run(temperature=0), run(temperature=0)
+    assert first.token_ids == second.token_ids == plain.token_ids
+    drafted = [r.stats.rounds - r.stats.plain_rounds for r in (first, second)]
+    print(f"\n  known-wrong drafter: drafted rounds {drafted[0]} in the first request, {drafted[1]} in the next")
+    assert first.stats.governor_start_acceptance is None and drafted[0] > 0
+    assert second.stats.governor_start_acceptance == 0.0 and drafted[1] == 0
+    # A reproducible sampled request neither reads the memory nor changes it.
+    learned = tiny_engine._acceptance["remembered-wrong"].requests
+    seeded = run(temperature=0.8, seed=3)
+    assert seeded.stats.governor_start_acceptance is None
+    assert seeded.stats.rounds - seeded.stats.plain_rounds > 0  # from the prior, as always
+    assert tiny_engine._acceptance["remembered-wrong"].requests == learned
+    assert run(temperature=0).stats.governor_start_acceptance == 0.0
 
 
 def test_governed_decisions_are_visible_in_stats(tiny_engine):

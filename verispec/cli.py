@@ -91,6 +91,8 @@ def summary_line(stats: Any) -> str:
         parts.append(f"governor k chosen {{{chosen}}}, plain {stats.governor_plain_rounds}")
         if stats.governor_shadow_drafts:
             parts.append(f"shadow drafts {stats.governor_shadow_drafts}")
+        if stats.governor_start_acceptance is not None:
+            parts.append(f"started from acceptance {stats.governor_start_acceptance:.2f}")
     return " | ".join(parts)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from verispec.accept import accept_chain, acceptance_probability
 from verispec.detokenize import TextStream
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
-from verispec.governor import PROBE_K, CostModel, Governor
+from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Governor
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target, TargetError, check_can_run
@@ -130,6 +130,9 @@ class Engine:
         # and as refined by later requests (live).
         self._calibrated_costs: dict[str, CostModel] = {}
         self._live_costs: dict[str, CostModel] = {}
+        # Acceptance at draft position 1 per drafter over recent requests: where the next
+        # request's governor starts (not for reproducible sampled requests).
+        self._acceptance: dict[str, AcceptanceMemory] = {}
         self._lock = threading.Lock()
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
 
@@ -229,7 +232,7 @@ class Engine:
                 if capture is not None:
                     self.target.capture_hidden(capture)  # type: ignore[attr-defined]
                 yield from self._rounds(request)
-                self._finish_costs(request)
+                self._learn(request)
             finally:
                 self.target.reset()
                 request.drafter.reset()
@@ -338,13 +341,16 @@ class Engine:
         request.stats.reference_step_seconds = live.verify(1)
         if request.k != AUTO:
             return None
-        # A seeded sampled request must get the same k schedule every time: frozen costs.
+        # A seeded sampled request must get the same k schedule every time: frozen costs and
+        # the prior, whatever the requests before it measured.
         reproducible = request.params.seed is not None and not request.params.greedy
         costs = calibrated if reproducible else live
+        start = [] if reproducible else self._acceptance.setdefault(name, AcceptanceMemory()).start()
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
         # nothing the next round sees), and only while they are nearly free.
         shadow = bool(getattr(request.drafter, "pure_proposals", False)) and Governor.can_shadow(costs)
-        governor = Governor(k_max, costs, adapt_costs=not reproducible, shadow=shadow)
+        governor = Governor(k_max, costs, adapt_costs=not reproducible, shadow=shadow, start=start)
+        request.stats.governor_start_acceptance = start[0] if start else None
         request.governor = governor
         return governor
 
@@ -375,7 +381,10 @@ class Engine:
             request.drafter.observe(context, 0)
         return costs
 
-    def _finish_costs(self, request: _Request) -> None:
+    def _learn(self, request: _Request) -> None:
+        """A finished request refines the drafter's costs and acceptance memory (unless it is
+        reproducible, which must leave them as they were)."""
         governor = request.governor
         if governor is not None and governor.adapt_costs:
             self._live_costs[request.drafter.name] = governor.costs
+            self._acceptance[request.drafter.name].learn(governor)

@@ -37,11 +37,14 @@ class RequestStats:
     reference_step_seconds: float | None = None
     # The economics governor's decisions (empty with a fixed k): k chosen per round, rounds
     # it chose to decode plainly, re-probes after a back-off, and plain rounds that asked the
-    # drafter for a shadow draft (scored against the target's row, never verified).
+    # drafter for a shadow draft (scored against the target's row, never verified), and the
+    # acceptance at draft position 1 it started from (carried over from the engine's earlier
+    # requests with this drafter; None: the prior, as for a first or reproducible request).
     k_chosen_histogram: dict[int, int] = field(default_factory=dict)
     governor_plain_rounds: int = 0
     governor_probes: int = 0
     governor_shadow_drafts: int = 0
+    governor_start_acceptance: float | None = None
 
     def observe_choice(self, k: int, probe: bool) -> None:
         """Count the k a governor chose for the coming round (0: decode plainly)."""
@@ -151,6 +154,7 @@ class RequestStats:
             "governor_plain_rounds": self.governor_plain_rounds,
             "governor_probes": self.governor_probes,
             "governor_shadow_drafts": self.governor_shadow_drafts,
+            "governor_start_acceptance": self.governor_start_acceptance,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "plain_seconds": self.plain_seconds,

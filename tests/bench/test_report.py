@@ -183,3 +183,16 @@ def test_own_plain_of_each_runtime(records):
     # The theory predicts speed-ups within a runtime: none across runtimes, so no efficiency.
     assert other_plain.predicted_speedup is None and other_plain.efficiency is None
     assert rows[("summarization", "none")].predicted_speedup == 1.0
+
+
+def test_repeated_passes_pair_each_run_with_the_baselines_run_of_the_same_pass():
+    # One prompt, two passes: lookup 2x the plain run of pass 0, 1x that of pass 1 (which the
+    # machine ran slower for both). Pairing within passes: sqrt(2 * 1); across them it would not.
+    plain = stats(80, 0, 0, 80, {0: 80}, [], [], 0.8, 80, 0.8)
+    runs = []
+    for repeat, (base_seconds, lookup_seconds) in enumerate([(0.8, 0.4), (1.6, 1.6)]):
+        for config, seconds in (("none", base_seconds), ("lookup", lookup_seconds)):
+            runs.append({**record(config, 0, "qa", 80, seconds, [1] * 80, plain), "repeat": repeat})
+    row = next(r for r in summarise(runs, "none", greedy=True) if r.config == "lookup" and r.category == OVERALL)
+    assert row.prompts == 2  # runs
+    assert row.speedup == pytest.approx(2**0.5, abs=RATIO_TOL)

@@ -34,6 +34,18 @@ def test_interleaved_rotation_after_warm_up():
     assert len(records) == 9
 
 
+def test_repeats_run_the_prompt_list_again_and_keep_rotating():
+    calls = []
+    runners = {name: CountingRunner(calls, name) for name in ("a", "b")}
+    settings = BenchSettings(**{**SETTINGS.__dict__, "repeats": 2})
+    records = run_bench(runners, PROMPTS, settings)
+    assert [prompt for _, prompt in calls[2:]] == [0, 0, 1, 1, 2, 2] * 2  # two passes over the list
+    assert [name for name, _ in calls[2:]] == ["a", "b", "b", "a"] * 3
+    assert [(r["prompt_index"], r["repeat"]) for r in records if r["config"] == "a"] == [
+        (i, repeat) for repeat in (0, 1) for i in range(3)
+    ]
+
+
 def test_a_failed_run_is_recorded_and_the_rest_continue():
     calls = []
     runners = {"ok": CountingRunner(calls, "ok"), "flaky": CountingRunner(calls, "flaky", fail_on={1})}
@@ -42,7 +54,7 @@ def test_a_failed_run_is_recorded_and_the_rest_continue():
     assert [(r["config"], r["prompt_index"]) for r in records if r["config"] == "flaky"] == [("flaky", 0), ("flaky", 2)]
     assert len([r for r in records if r["config"] == "ok"]) == 3
     assert failures == [
-        {"config": "flaky", "prompt_index": 1, "question_id": "1", "error": "ValueError('overflow on 1')"}
+        {"config": "flaky", "prompt_index": 1, "question_id": "1", "repeat": 0, "error": "ValueError('overflow on 1')"}
     ]
     # Without a list to collect them, failures propagate.
     with pytest.raises(ValueError, match="overflow on 1"):

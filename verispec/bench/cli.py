@@ -19,6 +19,7 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--categories", nargs="*", default=None, help="categories to include (default: all)")
     bench.add_argument("--per-category", type=int, default=5, help="prompts per category")
     bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (narrows the noise)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or > 0 with fixed seeds")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--k", type=k_value, default="auto", help="default k of verispec configs: auto or a number")
@@ -62,6 +63,8 @@ def _report(document: dict[str, Any], directory: Path, baseline: str) -> None:
         document["records"], baseline, greedy=settings["temperature"] == 0, own_plain=own_plain(configs, BASELINE)
     )
     title = f"{settings['model']}, T={settings['temperature']}, {settings['max_tokens']} new tokens"
+    if settings.get("repeats", 1) > 1:
+        title += f", {settings['repeats']} passes (n counts runs)"
     console = _console()
     console.print(report.render_table(rows, title))
     for label, reason in document.get("skipped", {}).items():
@@ -69,7 +72,7 @@ def _report(document: dict[str, Any], directory: Path, baseline: str) -> None:
     for failure in document.get("failures", []):
         console.print(
             f"[red]failed[/red] {failure['config']} on prompt {failure['prompt_index']} "
-            f"(question {failure['question_id']}): {failure['error']}"
+            f"(question {failure['question_id']}, pass {failure.get('repeat', 0) + 1}): {failure['error']}"
         )
     suffix = "" if baseline == "none" else f"_vs_{_file_safe(baseline)}"
     for path in plots.draw_all(rows, baseline, directory, title, suffix):
@@ -91,8 +94,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         path = Path(args.plot)
         _report(run.load(path), path.parent, args.baseline)
         return 0
-    if args.per_category < 1 or args.max_tokens < 1 or args.temperature < 0:
-        raise BenchInputError("--per-category and --max-tokens must be >= 1 and --temperature >= 0")
+    if args.per_category < 1 or args.max_tokens < 1 or args.repeats < 1 or args.temperature < 0:
+        raise BenchInputError("--per-category, --max-tokens and --repeats must be >= 1 and --temperature >= 0")
     configs = parse_configs(args.configs, drafter_names())
     if args.baseline not in [c.label for c in configs]:
         raise BenchInputError(f"--baseline {args.baseline!r} is not among the configurations")
@@ -139,11 +142,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         default_k=args.k,
         prompts_file=str(args.prompts or "default dev set"),
+        repeats=args.repeats,
     )
     env = run.environment()
     env["load_average_before"] = os.getloadavg()
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("benchmark", total=len(encoded) * len(runners))
+        task = progress.add_task("benchmark", total=len(encoded) * len(runners) * args.repeats)
         failures: list[dict[str, Any]] = []
         records = run.run_bench(runners, encoded, settings, lambda label: progress.advance(task), failures)
     env["load_average_after"] = os.getloadavg()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from verispec.drafters.base import Drafter
-from verispec.governor import CostModel, Governor
+from verispec.governor import AcceptanceMemory, CostModel, Governor
 from verispec.sampling import SamplingParams
 
 
@@ -37,20 +37,25 @@ class Schedule:
     choose: Callable[[], int]
     observe: Callable[[int, int], None] = lambda offered, accepted: None
     shadow: Callable[[float], None] | None = None
+    governor: Governor | None = None
 
     @classmethod
     def fixed(cls, k: int) -> Schedule:
         return cls(lambda: k)
 
     @classmethod
-    def governed(cls, k_max: int, per_row: float, shadow: bool) -> Schedule:
-        """The shipped governor on a simulated clock: r(m) = 1 + per_row (m - 1), drafting free."""
+    def governed(cls, k_max: int, per_row: float, shadow: bool, memory: AcceptanceMemory | None = None) -> Schedule:
+        """The shipped governor on a simulated clock: r(m) = 1 + per_row (m - 1), drafting free.
+        With ``memory`` it starts from the acceptance of the requests replayed before, as an
+        engine's governor does (the caller has ``memory.learn(schedule.governor)`` after)."""
         costs = CostModel({m: 1.0 + per_row * (m - 1) for m in range(1, k_max + 2)}, 0.0)
-        governor = Governor(k_max, costs, adapt_costs=False, shadow=shadow)
+        start = memory.start() if memory is not None else ()
+        governor = Governor(k_max, costs, adapt_costs=False, shadow=shadow, start=start)
         return cls(
             lambda: governor.next_k().k,
             lambda offered, accepted: governor.observe(offered, accepted, 0.0, 0.0),
             governor.observe_shadow if shadow else None,
+            governor,
         )
 
 

@@ -3,8 +3,8 @@
 Per category (and overall) and configuration:
 
 - tok/s: generated tokens over wall-clock seconds (prefill included), summed over prompts;
-- speed-up: geometric mean over prompts of tok/s relative to the baseline (verispec's plain
-  decoding, ``none``, unless another is chosen);
+- speed-up: geometric mean over runs of tok/s relative to the baseline's run of the same
+  prompt in the same pass (verispec's plain decoding, ``none``, unless another is chosen);
 - own plain: the plain decoding of the configuration's own runtime (``configs.own_plain``:
   ``none:backend=llama.cpp`` for ``lookup:backend=llama.cpp``, ``llama.cpp`` for
   ``llama.cpp-lookup``), and the speed-up over it (``vs own``). Cost steps, efficiency and
@@ -104,6 +104,11 @@ def _geometric_mean_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) ->
     return math.exp(sum(math.log(x) for x in ratios) / len(ratios))
 
 
+def _run_key(record: dict[str, Any]) -> tuple[int, int]:
+    """A run is a prompt in a pass (results saved before repeats existed have one pass)."""
+    return record["prompt_index"], record.get("repeat", 0)
+
+
 def summarise(
     records: list[dict[str, Any]], baseline_label: str, greedy: bool, own_plain: dict[str, str] | None = None
 ) -> list[Row]:
@@ -122,9 +127,9 @@ def summarise(
     rows = []
     for category in [*categories, OVERALL]:
         chosen = [r for r in records if category in (r["category"], OVERALL)]
-        by_config: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        by_config: dict[str, dict[tuple[int, int], dict[str, Any]]] = defaultdict(dict)
         for r in chosen:
-            by_config[r["config"]][r["prompt_index"]] = r
+            by_config[r["config"]][_run_key(r)] = r
         for config in configs:
             runs = [r for r in chosen if r["config"] == config]
             if not runs:
@@ -132,8 +137,8 @@ def summarise(
             base = by_config[baseline_label]
             own_label = own_plain.get(config, baseline_label)
             own = by_config[own_label]
-            pairs = [(r, base[r["prompt_index"]]) for r in runs if r["prompt_index"] in base]
-            own_pairs = [(r, own[r["prompt_index"]]) for r in runs if r["prompt_index"] in own]
+            pairs = [(r, base[_run_key(r)]) for r in runs if _run_key(r) in base]
+            own_pairs = [(r, own[_run_key(r)]) for r in runs if _run_key(r) in own]
             row = Row(
                 category=category,
                 config=config,

@@ -1,6 +1,8 @@
 """The benchmark loop: one process, warm-up of every configuration, then for each prompt
 every configuration in turn (the order rotates from prompt to prompt), so machine drift
-hits all configurations alike. Writes every per-prompt record and the environment as JSON.
+hits all configurations alike. With repeats, the whole prompt list is run again (a pass
+each), which narrows the noise where a category has few prompts. Writes every per-run
+record and the environment as JSON.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class BenchSettings:
     seed: int
     default_k: int | str
     prompts_file: str
+    repeats: int = 1
 
 
 def build_runners(
@@ -96,7 +99,8 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     failures: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Warm up, then run every prompt on every runner, interleaved; returns flat records.
+    """Warm up, then run every prompt on every runner, interleaved, ``settings.repeats``
+    passes over the prompts; returns flat records (``repeat`` says which pass).
 
     A run that raises (a peer's bug, a prompt over one runtime's context) is appended to
     ``failures`` (config, prompt, error) instead of ending the benchmark; that prompt then
@@ -105,8 +109,10 @@ def run_bench(
     for label in labels:  # warm-up: first-call costs (allocations, kernels, calibration)
         runners[label].run(prompts[0][1], WARMUP_TOKENS, settings.temperature, settings.seed)
     records: list[dict[str, Any]] = []
-    for index, (prompt, prompt_ids) in enumerate(prompts):
-        shift = index % len(labels)
+    passes = [(repeat, index) for repeat in range(settings.repeats) for index in range(len(prompts))]
+    for turn, (repeat, index) in enumerate(passes):
+        prompt, prompt_ids = prompts[index]
+        shift = turn % len(labels)
         for label in labels[shift:] + labels[:shift]:
             try:
                 record: RunRecord = runners[label].run(
@@ -115,9 +121,8 @@ def run_bench(
             except Exception as error:  # one failed run must not lose the others
                 if failures is None:
                     raise
-                failures.append(
-                    {"config": label, "prompt_index": index, "question_id": prompt.question_id, "error": repr(error)}
-                )
+                failure = {"config": label, "prompt_index": index, "question_id": prompt.question_id}
+                failures.append({**failure, "repeat": repeat, "error": repr(error)})
                 continue
             finally:
                 if progress is not None:
@@ -126,6 +131,7 @@ def run_bench(
             row.update(
                 config=label,
                 prompt_index=index,
+                repeat=repeat,
                 question_id=prompt.question_id,
                 category=prompt.category,
                 prompt_tokens=len(prompt_ids),
