@@ -43,6 +43,27 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def interval(document: dict, category: str, config: str, baseline: str = "none") -> tuple[float, float] | None:
+    """95% interval of a configuration's speed-up (geometric mean of per-run ratios) in a
+    category: a t-interval on the log ratios, each run paired with the baseline's run of the
+    same prompt in the same pass, taken as independent (the spread is mostly timing noise)."""
+    from scipy import stats
+
+    key = lambda r: (r["prompt_index"], r.get("repeat", 0))  # noqa: E731
+    chosen = [r for r in document["records"] if category in (r["category"], OVERALL)]
+    base = {key(r): r for r in chosen if r["config"] == baseline}
+    logs = [
+        math.log(r["tokens_per_second"] / base[key(r)]["tokens_per_second"])
+        for r in chosen
+        if r["config"] == config and key(r) in base
+    ]
+    if len(logs) < 2:
+        return None
+    mean, spread = sum(logs) / len(logs), stats.tstd(logs)
+    half = stats.t.ppf(0.975, len(logs) - 1) * spread / math.sqrt(len(logs))
+    return math.exp(mean - half), math.exp(mean + half)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
@@ -58,16 +79,20 @@ def main() -> None:
     fixed = [c for c in ("lookup:k=2", "lookup:k=4", "lookup:k=8") if c in labels]
     if "lookup" in labels and fixed:
         print("\n### Fixed k against `--k auto` (lookup), and the always-wrong control\n")
-        print("| category | " + " | ".join(fixed) + " | lookup (auto) | auto / best fixed | wrong (auto) |")
-        print("|---|" + "---|" * (len(fixed) + 3))
+        print(
+            "| category | " + " | ".join(fixed) + " | lookup (auto) | auto / best fixed | wrong (auto) | wrong, 95% |"
+        )
+        print("|---|" + "---|" * (len(fixed) + 4))
         for category in categories:
             speeds = [rows[(category, c)].speedup or 0.0 for c in fixed]
             auto = rows[(category, "lookup")].speedup or 0.0
             wrong = rows.get((category, "wrong"))
+            spread = interval(document, category, "wrong") if wrong else None
             cells = [fmt(v) for v in speeds] + [
                 fmt(auto),
-                fmt(auto / max(speeds)),
-                fmt(wrong.speedup if wrong else None),
+                fmt(auto / max(speeds), "{:.3f}"),
+                fmt(wrong.speedup if wrong else None, "{:.3f}"),
+                f"{spread[0]:.2f}-{spread[1]:.2f}" if spread else "-",
             ]
             print(f"| {category} | " + " | ".join(cells) + " |")
 
