@@ -169,24 +169,6 @@ def test_acceptance_memory_learns_position_one_of_finished_requests():
     assert memory.requests == 2
 
 
-@pytest.mark.parametrize(("acceptance", "slow_size"), [(0.6, 4), (0.7, 5)])
-def test_one_slow_timing_of_a_size_does_not_steer_k(acceptance, slow_size):
-    # Verify times r(1) = 1 and 1.2 + 0.1 (m - 2) steps for m >= 2 rows, each size timed 7
-    # times, except one size whose single timing came out 0.4 steps slow (a stale outlier:
-    # a size the governor avoids is never timed again).
-    true = {1: 1.0, **{m: 1.2 + 0.1 * (m - 2) for m in range(2, 10)}}
-    timed = {**true, slow_size: true[slow_size] + 0.4}
-    counts = {m: 1 if m == slow_size else 7 for m in true}
-
-    def best_k(table):
-        speeds = {k: rounds.expected_tokens_per_round(acceptance, k) * table[1] / table[k + 1] for k in range(1, 9)}
-        return max(speeds, key=speeds.get)
-
-    assert best_k(timed) != best_k(true)  # taken at face value, the outlier moves k
-    chosen = Governor(8, CostModel(timed, 0.0, counts), start=[acceptance]).best().k
-    assert chosen == best_k(true)
-
-
 def test_costs_interpolate_and_floor_at_one_step():
     model = CostModel({1: 0.010, 3: 0.014, 5: 0.018}, 0.0)
     assert model.verify(2) == pytest.approx(0.012)

@@ -24,8 +24,7 @@ prompt lookup is right (math: 0 of 7 probed drafts accepted where a fixed k = 2 
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
 output distribution, is untouched.
 
-Costs: ``CostModel`` keeps r(m) and c as running means, and predicts the multi-row r(m)
-from a line through them (``CostModel.verify`` says why). An engine keeps one per drafter,
+Costs: ``CostModel`` keeps r(m) and c as running means. An engine keeps one per drafter,
 calibrated once and refined by every request; a request uses a snapshot of it.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
@@ -51,9 +50,6 @@ from verispec import rounds
 
 ACCEPT_EMA = 0.2  # weight of the newest round in the acceptance estimates (~5-round memory)
 COST_EMA = 0.25  # weight of the newest timing in the cost estimates
-# In the line through the multi-row verify times, a size weighs as many timings as it had,
-# up to this: a running mean with weight COST_EMA holds about as much as 7 timings.
-FIT_WEIGHT_CAP = 7
 PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
 # Draft only when the predicted speed-up clears plain decoding by this factor: the margin
 # absorbs estimation noise, and it bounds the rounds an always-wrong drafter gets even when
@@ -94,59 +90,26 @@ class CostModel:
 
     verify_seconds: dict[int, float] = field(default_factory=dict)
     draft_seconds_per_token: float = 0.0
-    verify_counts: dict[int, int] = field(default_factory=dict)  # timings per size (absent: 1)
-    # The fitted line, until the next timing (verify_seconds changes only through observe_verify).
-    _fit: tuple[float, float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def known(self) -> bool:
         return 1 in self.verify_seconds
 
     def verify(self, rows: int) -> float:
-        """r(rows). One row: as measured. Several: a line fitted through every measured size
-        of two rows or more, weighted by how often each was timed; with fewer than two such
-        sizes, linear through the nearest measured ones.
+        """r(rows): measured, else linear through the nearest measured sizes, else r(1).
 
-        Why a line and not each size's own running mean: one timing moves a running mean by
-        a quarter, and a size the governor stops choosing is never timed again, so one slow
-        timing of, say, 4 rows made k = 3 look dear for the rest of a run (the live table
-        wandered, r(6) < r(5) < r(4) within one engine) and held the governor at k = 1 or
-        k = 5 where k = 2 to 4 paid best (translation: auto 0.92 of the best fixed k). The
-        line pools every multi-row timing, so each drafted round refines every size. One
-        row stays apart because a multi-row pass costs a step up first (on the torch CPU
-        backend r(2) is ~1.2 r(1), then ~0.1 r(1) more per row)."""
-        table = self.verify_seconds
-        if not table:
-            raise ValueError("no verify time measured yet")
-        if rows == 1 and 1 in table:
-            return table[1]
-        multi = [m for m in table if m >= 2]
-        if rows >= 2 and len(multi) >= 2:
-            if self._fit is None:
-                self._fit = self._line(multi)
-            intercept, slope = self._fit
-            return intercept + slope * (rows - 2)
-        return self._nearest(rows)
-
-    def _line(self, sizes: list[int]) -> tuple[float, float]:
-        """Weighted least squares r(m) = a + b (m - 2) over ``sizes``, with b >= 0."""
-        weights = [min(self.verify_counts.get(m, 1), FIT_WEIGHT_CAP) for m in sizes]
-        total = sum(weights)
-        mean_x = sum(w * (m - 2) for w, m in zip(weights, sizes, strict=True)) / total
-        mean_y = sum(w * self.verify_seconds[m] for w, m in zip(weights, sizes, strict=True)) / total
-        spread = sum(w * (m - 2 - mean_x) ** 2 for w, m in zip(weights, sizes, strict=True))
-        moment = sum(
-            w * (m - 2 - mean_x) * (self.verify_seconds[m] - mean_y) for w, m in zip(weights, sizes, strict=True)
-        )
-        slope = max(0.0, moment / spread)
-        return mean_y - slope * mean_x, slope
-
-    def _nearest(self, rows: int) -> float:
-        """Measured, else linear through the nearest measured sizes, else the one measured."""
+        Each size keeps its own running mean. A line through all sizes was tried (5f43078):
+        it pooled timings across sizes, but the sizes a request no longer chose kept their
+        timings from earlier, shorter contexts at full weight, which flattened the line
+        where verify rows grow dear with context: on summarization's 1,000-token prompts the
+        governor then chose long k (a drafted round 1.89 steps against 1.33) and fell to 0.92
+        of the best fixed k, so it was reverted. Context length is the missing variable."""
         table = self.verify_seconds
         if rows in table:
             return table[rows]
         sizes = sorted(table)
+        if not sizes:
+            raise ValueError("no verify time measured yet")
         below = [m for m in sizes if m < rows]
         above = [m for m in sizes if m > rows]
         if below and above:
@@ -162,8 +125,6 @@ class CostModel:
     def observe_verify(self, rows: int, seconds: float) -> None:
         old = self.verify_seconds.get(rows)
         self.verify_seconds[rows] = seconds if old is None else old + COST_EMA * (seconds - old)
-        self.verify_counts[rows] = self.verify_counts.get(rows, 0) + 1
-        self._fit = None
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
