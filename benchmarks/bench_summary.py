@@ -17,7 +17,7 @@ from pathlib import Path
 
 from verispec.bench import run
 from verispec.bench.configs import BenchConfig, own_plain
-from verispec.bench.report import OVERALL, Row, summarise
+from verispec.bench.report import OVERALL, Row, run_key, summarise
 
 
 def rows_for(document: dict, baseline: str) -> dict[tuple[str, str], Row]:
@@ -49,13 +49,12 @@ def interval(document: dict, category: str, config: str, baseline: str = "none")
     same prompt in the same pass, taken as independent (the spread is mostly timing noise)."""
     from scipy import stats
 
-    key = lambda r: (r["prompt_index"], r.get("repeat", 0))  # noqa: E731
     chosen = [r for r in document["records"] if category in (r["category"], OVERALL)]
-    base = {key(r): r for r in chosen if r["config"] == baseline}
+    base = {run_key(r): r for r in chosen if r["config"] == baseline}
     logs = [
-        math.log(r["tokens_per_second"] / base[key(r)]["tokens_per_second"])
+        math.log(r["tokens_per_second"] / base[run_key(r)]["tokens_per_second"])
         for r in chosen
-        if r["config"] == config and key(r) in base
+        if r["config"] == config and run_key(r) in base
     ]
     if len(logs) < 2:
         return None

@@ -171,7 +171,7 @@ class Governor:
             raise ValueError(f"start acceptances are probabilities, got {list(start)}")
         self.acceptance: list[float] = list(start)  # moving estimate per draft position
         self.observed: list[int] = [0] * len(start)  # rounds that examined each position
-        self.hits: list[float] = [0.0] * len(start)  # their summed outcomes (shadows included)
+        self.first_hits = 0.0  # summed outcomes at position 1 (shadows included)
         self.backoff = FIRST_BACKOFF
         self.plain_left = 0  # plain rounds left in the current back-off
         self.probing = False
@@ -268,14 +268,14 @@ class Governor:
         if i == len(self.acceptance):
             self.acceptance.append(PRIOR_ACCEPTANCE)
             self.observed.append(0)
-            self.hits.append(0.0)
         # At position 1, a running mean (the prior counting as one observation) until the
         # moving average would weigh the newest round less: a drafter that never hits is
         # found out in a few rounds instead of the ~1 / ACCEPT_EMA a moving average needs.
         # Only there: every drafted round examines position 1, while a later position
         # judged too harshly on first sight would stop being drafted, and so re-examined.
         self.observed[i] += 1
-        self.hits[i] += hit
+        if i == 0:
+            self.first_hits += hit
         step = max(weight, 1.0 / (self.observed[i] + 1)) if i == 0 else weight
         self.acceptance[i] += step * (hit - self.acceptance[i])
 
@@ -303,6 +303,6 @@ class AcceptanceMemory:
         """Move toward the acceptance a finished request observed at position 1."""
         if not governor.observed or governor.observed[0] == 0:
             return  # nothing examined: keep what earlier requests said
-        mean = governor.hits[0] / governor.observed[0]
+        mean = governor.first_hits / governor.observed[0]
         self.first = mean if self.first is None else self.first + MEMORY_EMA * (mean - self.first)
         self.requests += 1

@@ -104,7 +104,7 @@ def _geometric_mean_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) ->
     return math.exp(sum(math.log(x) for x in ratios) / len(ratios))
 
 
-def _run_key(record: dict[str, Any]) -> tuple[int, int]:
+def run_key(record: dict[str, Any]) -> tuple[int, int]:
     """A run is a prompt in a pass (results saved before repeats existed have one pass)."""
     return record["prompt_index"], record.get("repeat", 0)
 
@@ -129,7 +129,7 @@ def summarise(
         chosen = [r for r in records if category in (r["category"], OVERALL)]
         by_config: dict[str, dict[tuple[int, int], dict[str, Any]]] = defaultdict(dict)
         for r in chosen:
-            by_config[r["config"]][_run_key(r)] = r
+            by_config[r["config"]][run_key(r)] = r
         for config in configs:
             runs = [r for r in chosen if r["config"] == config]
             if not runs:
@@ -137,8 +137,8 @@ def summarise(
             base = by_config[baseline_label]
             own_label = own_plain.get(config, baseline_label)
             own = by_config[own_label]
-            pairs = [(r, base[_run_key(r)]) for r in runs if _run_key(r) in base]
-            own_pairs = [(r, own[_run_key(r)]) for r in runs if _run_key(r) in own]
+            pairs = [(r, base[run_key(r)]) for r in runs if run_key(r) in base]
+            own_pairs = [(r, own[run_key(r)]) for r in runs if run_key(r) in own]
             row = Row(
                 category=category,
                 config=config,
