@@ -1,13 +1,19 @@
 """Replay a greedy bench run's outputs through the governor: k policies judged without timing noise.
 
-    .venv/bin/python benchmarks/governor_replay.py bench-results/governor3/results.json
+    .venv/bin/python benchmarks/governor_replay.py bench-results/memory/results.json [--noise 0.12]
 
 Takes the plain (``none``) outputs of a greedy ``verispec bench`` run and replays prompt lookup
 over them (``verispec.bench.replay``) under fixed k in {2, 4, 8}, under the governor with shadow
 drafts (as shipped: each request starts from the acceptance of those before it), without that
 memory, and with probes instead, and an always-wrong drafter under the governor.
-A round of d drafts costs 1 + per_row * d plain steps: 0.147 per row is what the bench measured
-on the torch backend (cost steps 1.30, 1.58, 2.18 at k = 2, 4, 8). Prints per category the
+A round of d drafts at context L costs 1 + (per_row + per_token L) d plain steps: the defaults
+are what the torch backend measured here (0.11 of a step per extra row at 80 tokens of context,
+0.22 at 1,000; the bench's cost steps 1.30, 1.58, 2.18 at k = 2, 4, 8 over all prompts).
+
+The governor columns decide on those exact costs. With ``--noise SIGMA`` the governor also runs
+as in the engine, measuring costs from noisy timings of its own rounds (``NoisyTimer``: per-round
+noise SIGMA, a slow drift, stalls; a calibration at the first prompt; costs carried from request
+to request), averaged over ``--seeds`` timers: the "measured" columns. Prints per category the
 speed-up over plain (geometric mean over prompts) and auto over the best fixed k.
 """
 
@@ -20,10 +26,10 @@ from pathlib import Path
 
 from verispec.api import load_engine
 from verispec.bench import run
-from verispec.bench.replay import Schedule, replay
+from verispec.bench.replay import Clock, NoisyTimer, Schedule, replay
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
-from verispec.governor import AcceptanceMemory
+from verispec.governor import AcceptanceMemory, CostModel
 from verispec.prompts import load_prompts
 
 FIXED = (2, 4, 8)
@@ -32,17 +38,24 @@ FIXED = (2, 4, 8)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
-    parser.add_argument("--per-row", type=float, default=0.147, help="plain steps per extra verify row")
+    parser.add_argument("--per-row", type=float, default=0.1, help="plain steps per extra verify row at no context")
+    parser.add_argument("--per-token", type=float, default=0.00012, help="... and per context token on top")
+    parser.add_argument("--noise", type=float, default=None, help="per-round timing noise (log-normal sigma)")
+    parser.add_argument("--seeds", type=int, default=3, help="noisy timers to average over")
     args = parser.parse_args()
     document = run.load(args.results)
     if document["settings"]["temperature"] != 0:
         raise SystemExit("a replay needs a greedy run")
     engine = load_engine(document["settings"]["model"])
+    clock = Clock(args.per_row, args.per_token)
     texts = {p.question_id: p.text for p in load_prompts()}
     speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     # An engine's governor starts each request from the acceptance of the ones before it
     # (per drafter); the "no memory" columns start every request from the prior.
-    memories = {"lookup": AcceptanceMemory(), "wrong": AcceptanceMemory()}
+    memories = {name: AcceptanceMemory() for name in ("lookup", "wrong")}
+    timers = [NoisyTimer(clock, args.noise, seed) for seed in range(args.seeds)] if args.noise is not None else []
+    measured_memories = [{name: AcceptanceMemory() for name in ("lookup", "wrong")} for _ in timers]
+    live: list[dict[str, CostModel | None]] = [{"lookup": None, "wrong": None} for _ in timers]
     plain = [r for r in document["records"] if r["config"] == "none" and r.get("repeat", 0) == 0]
     plain.sort(key=lambda r: r["prompt_index"])
     for record in plain:
@@ -52,34 +65,48 @@ def main() -> None:
                 f"prompt {record['question_id']}: {len(prompt)} tokens, the run had {record['prompt_tokens']}"
             )
         schedules = {f"k={k}": Schedule.fixed(k) for k in FIXED}
-        schedules["auto"] = Schedule.governed(8, args.per_row, shadow=True, memory=memories["lookup"])
-        schedules["auto, no memory"] = Schedule.governed(8, args.per_row, shadow=True)
-        schedules["auto, probes"] = Schedule.governed(8, args.per_row, shadow=False)
+        schedules["auto"] = Schedule.governed(8, clock, shadow=True, memory=memories["lookup"])
+        schedules["auto, no memory"] = Schedule.governed(8, clock, shadow=True)
+        schedules["auto, probes"] = Schedule.governed(8, clock, shadow=False)
         wrong = {
-            "wrong (auto)": Schedule.governed(8, args.per_row, shadow=True, memory=memories["wrong"]),
-            "wrong, no memory": Schedule.governed(8, args.per_row, shadow=True),
+            "wrong (auto)": Schedule.governed(8, clock, shadow=True, memory=memories["wrong"]),
+            "wrong, no memory": Schedule.governed(8, clock, shadow=True),
         }
         runs = [(name, schedule, LookupDrafter()) for name, schedule in schedules.items()]
         runs += [(name, schedule, WrongDrafter(-1)) for name, schedule in wrong.items()]
+        learners = [(memories["lookup"], schedules["auto"]), (memories["wrong"], wrong["wrong (auto)"])]
+        for timer, memory, costs in zip(timers, measured_memories, live, strict=True):
+            for drafter_name, column in (("lookup", "auto, measured"), ("wrong", "wrong, measured")):
+                schedule = Schedule.governed(
+                    8, clock, shadow=True, memory=memory[drafter_name], timer=timer, costs=costs[drafter_name]
+                )
+                runs.append((column, schedule, LookupDrafter() if drafter_name == "lookup" else WrongDrafter(-1)))
+                learners.append((memory[drafter_name], schedule))
         for name, schedule, drafter in runs:
-            speedup = replay(prompt, output, drafter, schedule, args.per_row).speedup(len(output))
+            speedup = replay(prompt, output, drafter, schedule, clock).speedup(len(output))
             for group in (record["category"], "overall"):
                 speedups[group][name].append(speedup)
-        for memory, schedule in ((memories["lookup"], schedules["auto"]), (memories["wrong"], wrong["wrong (auto)"])):
+        for memory, schedule in learners:
             assert schedule.governor is not None
             memory.learn(schedule.governor)
+        for costs, (_, lookup), (_, control) in zip(live, learners[2::2], learners[3::2], strict=True):
+            assert lookup.governor is not None and control.governor is not None
+            costs["lookup"], costs["wrong"] = lookup.governor.costs, control.governor.costs
 
     names = [*(f"k={k}" for k in FIXED), "auto", "auto, no memory", "auto, probes", "wrong (auto)", "wrong, no memory"]
-    print(f"Replayed speed-up over plain decoding (a round of d drafts costs 1 + {args.per_row} d steps)\n")
-    print("| category | " + " | ".join(names) + " | auto / best fixed | probes / best fixed |")
-    print("|---|" + "---|" * (len(names) + 2))
+    names += ["auto, measured", "wrong, measured"] if timers else []
+    ratios = ["auto", "auto, probes", *(["auto, measured"] if timers else [])]
+    print(
+        f"Replayed speed-up over plain decoding (a round of d drafts at context L costs "
+        f"1 + ({args.per_row} + {args.per_token} L) d steps)"
+        + (f"; measured: timing noise {args.noise}, {args.seeds} timers\n" if timers else "\n")
+    )
+    print("| category | " + " | ".join(names) + " | " + " | ".join(f"{r} / best fixed" for r in ratios) + " |")
+    print("|---|" + "---|" * (len(names) + len(ratios)))
     for group in [*(g for g in speedups if g != "overall"), "overall"]:
         means = {n: math.exp(sum(map(math.log, speedups[group][n])) / len(speedups[group][n])) for n in names}
         best = max(means[f"k={k}"] for k in FIXED)
-        cells = [f"{means[n]:.3f}" for n in names] + [
-            f"{means['auto'] / best:.3f}",
-            f"{means['auto, probes'] / best:.3f}",
-        ]
+        cells = [f"{means[n]:.3f}" for n in names] + [f"{means[r] / best:.3f}" for r in ratios]
         print(f"| {group} | " + " | ".join(cells) + " |")
 
 

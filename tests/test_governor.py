@@ -9,7 +9,7 @@ from verispec.governor import ALWAYS_WRONG_BOUND, FIRST_BACKOFF, MEMORY_EMA, Acc
 
 
 def costs(step=1.0, per_row=0.08, draft=0.02, k_max=8):
-    return CostModel({m: step + per_row * (m - 1) for m in range(1, k_max + 2)}, draft)
+    return CostModel.line(step, per_row, draft)
 
 
 def theory_best(a, model, k_max):
@@ -124,7 +124,7 @@ def test_an_early_bad_run_at_later_positions_does_not_hold_k_down():
 
 
 def test_always_wrong_drafter_is_bounded_even_when_verifying_is_free():
-    model = CostModel({m: 1.0 for m in range(1, 10)}, 0.0)  # extra rows cost nothing
+    model = CostModel.line(1.0, 0.0)  # extra rows cost nothing
     governor = Governor(8, model, adapt_costs=False)
     drafted = sum(k > 0 for k in simulate(governor, 0.0, 100, np.random.default_rng(3), model))
     print(f"\n  always-wrong drafter, free verification: {drafted} drafted rounds in 100 (bound {ALWAYS_WRONG_BOUND})")
@@ -169,14 +169,40 @@ def test_acceptance_memory_learns_position_one_of_finished_requests():
     assert memory.requests == 2
 
 
-def test_costs_interpolate_and_floor_at_one_step():
-    model = CostModel({1: 0.010, 3: 0.014, 5: 0.018}, 0.0)
+def test_costs_are_a_line_through_the_calibration_and_floor_at_one_step():
+    model = CostModel.from_timings({1: 0.010, 3: 0.014, 5: 0.018})
     assert model.verify(2) == pytest.approx(0.012)
-    assert model.verify(9) == pytest.approx(0.026)  # along the last two sizes
-    noisy = CostModel({1: 0.010, 2: 0.009}, 0.0)
-    assert noisy.round_steps(1) == 1.0
+    assert model.verify(9) == pytest.approx(0.026)
+    noisy = CostModel.from_timings({1: 0.010, 2: 0.009})  # a row that "saved" time: slope 0
+    assert noisy.per_row == 0.0 and noisy.round_steps(1) == 1.0
+    single = CostModel.from_timings({1: 0.010})
+    assert single.known and single.row_xx == 0  # no slope evidence: the engine calibrates again
     with pytest.raises(ValueError, match="plain step"):
         Governor(4, CostModel())
+    with pytest.raises(ValueError, match="plain step"):
+        CostModel.from_timings({2: 0.01})
+    with pytest.raises(ValueError, match="positive"):
+        CostModel.line(0.0, 0.1)
+
+
+def test_every_drafted_round_refines_the_cost_of_every_size():
+    """Rows grow dearer (a longer context): rounds of k = 2 alone move the cost of k = 8, where
+    a table of sizes kept k = 8 at its calibration and the governor kept choosing it."""
+    model = CostModel.line(1.0, 0.1)
+    for _ in range(40):  # the calibration's weight falls to 0.9^40 of itself
+        model.observe_verify(1, 1.0)
+        model.observe_verify(3, 1.0 + 2 * 0.25)
+    assert model.per_row == pytest.approx(0.25, rel=0.01)
+    assert model.round_steps(8) == pytest.approx(3.0, rel=0.01)
+
+
+def test_a_stalled_timing_moves_the_costs_a_bounded_step():
+    model = CostModel.line(1.0, 0.1)
+    model.observe_verify(5, 100.0)  # a pass that waited on something else: counts as 2 x 1.4
+    bounded = (0.9 * 16 * 0.1 + 4 * (2.8 - 1.0)) / (0.9 * 16 + 16)
+    assert model.per_row == pytest.approx(bounded)
+    model.observe_verify(1, 0.0001)  # and a plain step can halve r(1) at most
+    assert model.step_seconds == pytest.approx(1.0 - 0.25 * 0.5)
 
 
 @pytest.mark.parametrize("prompt", ["the cat sat on the mat. the cat sat", "abc abc abc abc ab"])

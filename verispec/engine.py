@@ -333,7 +333,8 @@ class Engine:
         name = request.drafter.name
         k_max = request.k_max if request.k == AUTO else int(request.k)
         calibrated = self._calibrated_costs.get(name)
-        if calibrated is None or max(calibrated.verify_seconds) < k_max + 1:
+        # The line through the calibration extrapolates to any k, but needs two sizes.
+        if calibrated is None or (k_max > 0 and calibrated.row_xx == 0):
             calibrated = self._calibrate(request, k_max)
             self._calibrated_costs[name] = calibrated
             self._live_costs[name] = copy.deepcopy(calibrated)
@@ -356,7 +357,7 @@ class Engine:
 
     def _calibrate(self, request: _Request, k_max: int) -> CostModel:
         """Time verify passes of 1..k_max + 1 rows on the pending token, and the drafter."""
-        costs = CostModel()
+        timings: dict[int, float] = {}
         context, target = request.context, self.target
         pending = len(context) - 1
         rows_up_to = min(k_max + 1, target.context_length - pending)
@@ -373,13 +374,14 @@ class Engine:
                 accept_chain(probs, np.asarray(drafts, dtype=np.int64), None, scratch.random(2 * rows - 1))
                 times.append(time.perf_counter() - start)
                 target.rollback(pending)
-            costs.verify_seconds[rows] = float(np.median(times))
+            timings[rows] = float(np.median(times))
+        draft = 0.0
         if k_max > 0:
             start = time.perf_counter()
             offered = len(request.drafter.propose(context, min(PROBE_K, k_max), scratch).tokens)
-            costs.draft_seconds_per_token = (time.perf_counter() - start) / offered if offered else 0.0
+            draft = (time.perf_counter() - start) / offered if offered else 0.0
             request.drafter.observe(context, 0)
-        return costs
+        return CostModel.from_timings(timings, draft)
 
     def _learn(self, request: _Request) -> None:
         """A finished request refines the drafter's costs and acceptance memory (unless it is

@@ -24,7 +24,8 @@ prompt lookup is right (math: 0 of 7 probed drafts accepted where a fixed k = 2 
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
 output distribution, is untouched.
 
-Costs: ``CostModel`` keeps r(m) and c as running means. An engine keeps one per drafter,
+Costs: ``CostModel`` keeps r(m) as a line in m (a plain step plus a slope per row, both
+following the newest timings) and c as a running mean. An engine keeps one per drafter,
 calibrated once and refined by every request; a request uses a snapshot of it.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
@@ -44,12 +45,17 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from verispec import rounds
 
 ACCEPT_EMA = 0.2  # weight of the newest round in the acceptance estimates (~5-round memory)
-COST_EMA = 0.25  # weight of the newest timing in the cost estimates
+COST_EMA = 0.25  # weight of the newest plain step's timing in r(1), and of drafting times
+# Per drafted round, the weight left to older rounds in the slope of verify time over rows
+# (~10 drafted rounds: the slope follows the context's growth and the machine's moods).
+ROW_FORGET = 0.9
+CALIBRATION_WEIGHT = 16.0  # a calibrated slope counts as much as one drafted round of k = 4
+CLIP = 2.0  # a timing counts at most CLIP times, at least 1 / CLIP of its prediction
 PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
 # Draft only when the predicted speed-up clears plain decoding by this factor: the margin
 # absorbs estimation noise, and it bounds the rounds an always-wrong drafter gets even when
@@ -86,45 +92,78 @@ MEMORY_EMA = 0.5
 
 @dataclass
 class CostModel:
-    """Verify seconds by number of rows, and the drafter's seconds per proposed token."""
+    """Verify time as a line in the number of rows, ``r(m) = step + per_row (m - 1)`` seconds,
+    and the drafter's seconds per proposed token.
 
-    verify_seconds: dict[int, float] = field(default_factory=dict)
+    ``step`` is a running mean over plain rounds. ``per_row`` is a least-squares slope through
+    the drafted rounds of every size, (m - 1) against the time beyond a step, each round
+    weighted by its (m - 1)^2 and older rounds forgotten by ROW_FORGET a round. Every drafted
+    round, whatever its size, thus refines the cost of every size, the newest most. A table of
+    running means per size (the previous model) kept the sizes a request stopped choosing at
+    whatever they last read: one slow timing of a size, or timings from an earlier and shorter
+    context (verify rows grow dearer with context on the exact backend: 0.11 of a step per row
+    at 80 tokens, 0.22 at 1,000 here), then steered k for the rest of a run, and a table that
+    was not monotone chose sizes in gaps (k = 5 without 3 or 4). A weighted line through the
+    table's sizes was tried too (5f43078) and inherited the stale sizes. On a noisy simulated
+    clock (``benchmarks/governor_replay.py --noise``) the line keeps the governor within 2% of
+    exact costs where the table fell 3-5% short.
+
+    Each timing counts clipped to [1/CLIP, CLIP] times its prediction: one stalled pass (a
+    collection, another process) moves the estimates a bounded step.
+    """
+
+    step_seconds: float = 0.0  # r(1); 0 until measured
+    row_xx: float = 0.0  # forgetting sums of the slope's least squares: sum w x^2 ...
+    row_xy: float = 0.0  # ... and sum w x y, x = m - 1, y = the time beyond a step
     draft_seconds_per_token: float = 0.0
+
+    @classmethod
+    def line(cls, step: float, per_row: float, draft: float = 0.0) -> CostModel:
+        """A known line: the slope counts as CALIBRATION_WEIGHT of evidence."""
+        if step <= 0 or per_row < 0 or draft < 0:
+            raise ValueError(f"costs must be positive (step {step}, per row {per_row}, draft {draft})")
+        return cls(step, CALIBRATION_WEIGHT, per_row * CALIBRATION_WEIGHT, draft)
+
+    @classmethod
+    def from_timings(cls, verify_seconds: dict[int, float], draft: float = 0.0) -> CostModel:
+        """From verify times by number of rows (a calibration): r(1) and the least-squares
+        slope through the other sizes, never below zero; no slope evidence from one size."""
+        if 1 not in verify_seconds:
+            raise ValueError("the governor needs at least a plain step's time (calibrate first)")
+        step = verify_seconds[1]
+        xx = sum((m - 1) ** 2 for m in verify_seconds)
+        xy = sum((m - 1) * (seconds - step) for m, seconds in verify_seconds.items())
+        if xx == 0:
+            return cls(step, 0.0, 0.0, draft)
+        return cls.line(step, max(0.0, xy / xx), draft)
 
     @property
     def known(self) -> bool:
-        return 1 in self.verify_seconds
+        return self.step_seconds > 0
+
+    @property
+    def per_row(self) -> float:
+        return max(0.0, self.row_xy / self.row_xx) if self.row_xx > 0 else 0.0
 
     def verify(self, rows: int) -> float:
-        """r(rows): measured, else linear through the nearest measured sizes, else r(1).
-
-        Each size keeps its own running mean. A line through all sizes was tried (5f43078):
-        it pooled timings across sizes, but the sizes a request no longer chose kept their
-        timings from earlier, shorter contexts at full weight, which flattened the line
-        where verify rows grow dear with context: on summarization's 1,000-token prompts the
-        governor then chose long k (a drafted round 1.89 steps against 1.33) and fell to 0.92
-        of the best fixed k, so it was reverted. Context length is the missing variable."""
-        table = self.verify_seconds
-        if rows in table:
-            return table[rows]
-        sizes = sorted(table)
-        if not sizes:
+        """r(rows), seconds."""
+        if not self.known:
             raise ValueError("no verify time measured yet")
-        below = [m for m in sizes if m < rows]
-        above = [m for m in sizes if m > rows]
-        if below and above:
-            lo, hi = below[-1], above[0]
-            return table[lo] + (table[hi] - table[lo]) * (rows - lo) / (hi - lo)
-        if len(sizes) >= 2:  # extrapolate along the last two measured sizes, never below them
-            lo, hi = (sizes[-2], sizes[-1]) if below else (sizes[0], sizes[1])
-            slope = max(0.0, (table[hi] - table[lo]) / (hi - lo))
-            anchor = hi if below else lo
-            return table[anchor] + slope * (rows - anchor)
-        return table[sizes[0]]
+        return self.step_seconds + self.per_row * (rows - 1)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        old = self.verify_seconds.get(rows)
-        self.verify_seconds[rows] = seconds if old is None else old + COST_EMA * (seconds - old)
+        if not self.known:
+            if rows == 1:
+                self.step_seconds = seconds
+            return
+        predicted = self.verify(rows)
+        seconds = min(max(seconds, predicted / CLIP), predicted * CLIP)
+        if rows == 1:
+            self.step_seconds += COST_EMA * (seconds - self.step_seconds)
+        else:
+            x = rows - 1
+            self.row_xx = ROW_FORGET * self.row_xx + x * x
+            self.row_xy = ROW_FORGET * self.row_xy + x * (seconds - self.step_seconds)
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
@@ -132,8 +171,7 @@ class CostModel:
             self.draft_seconds_per_token += COST_EMA * (per_token - self.draft_seconds_per_token)
 
     def round_steps(self, k: int) -> float:
-        """Cost of a round of k drafts in plain decode steps; never below one step, which
-        it contains (timing noise can make a measured r(2) undercut r(1))."""
+        """Cost of a round of k drafts in plain decode steps; never below one step."""
         seconds = rounds.round_cost_steps(k, self.draft_seconds_per_token, self.verify(k + 1))
         return max(1.0, seconds / self.verify(1))
 

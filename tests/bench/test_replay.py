@@ -2,7 +2,7 @@
 
 import pytest
 
-from verispec.bench.replay import Schedule, replay
+from verispec.bench.replay import Clock, NoisyTimer, Schedule, replay
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
 
@@ -15,7 +15,7 @@ def test_a_fixed_k_replays_the_engines_rounds_exactly(tiny_engine, prompt, k):
     plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=60)
     assert plain.finish_reason == "length"
     spec = tiny_engine.generate(prompt, drafter="lookup", k=k, temperature=0, max_tokens=60)
-    replayed = replay(tiny_engine.encode(prompt), plain.token_ids, LookupDrafter(), Schedule.fixed(k), per_row=0.1)
+    replayed = replay(tiny_engine.encode(prompt), plain.token_ids, LookupDrafter(), Schedule.fixed(k), Clock(0.1))
     assert replayed.rounds == spec.stats.rounds
     drafted = sum(d * n for d, n in spec.stats.k_histogram.items())
     assert replayed.steps == pytest.approx(spec.stats.rounds + 0.1 * drafted)
@@ -23,8 +23,31 @@ def test_a_fixed_k_replays_the_engines_rounds_exactly(tiny_engine, prompt, k):
 
 def test_an_always_wrong_drafter_under_the_governor_costs_little():
     output = list(range(5, 105))
-    fixed = replay([1, 2, 3], output, WrongDrafter(-1), Schedule.fixed(3), per_row=0.15)
-    governed = replay([1, 2, 3], output, WrongDrafter(-1), Schedule.governed(8, 0.15, shadow=True), per_row=0.15)
+    clock = Clock(0.15)
+    fixed = replay([1, 2, 3], output, WrongDrafter(-1), Schedule.fixed(3), clock)
+    governed = replay([1, 2, 3], output, WrongDrafter(-1), Schedule.governed(8, clock, shadow=True), clock)
     assert fixed.rounds == governed.rounds == 100  # one token a round: every draft rejected
     assert fixed.steps == pytest.approx(97 * 1.45 + 1.30 + 1.15 + 1.0)  # the last rounds draft what fits
     assert 0.97 < governed.speedup(100) < 1.0  # a few drafted rounds, then shadows keep it off
+
+
+def test_a_clock_charges_rows_more_at_longer_contexts():
+    clock = Clock(0.1, 0.0001)
+    assert clock.steps(0, 5000) == 1.0
+    assert clock.steps(4, 0) == pytest.approx(1.4) and clock.steps(4, 1000) == pytest.approx(1.8)
+
+
+def test_a_governor_measuring_noisy_timings_keeps_close_to_exact_costs():
+    """Lookup over a repetitive output at a long context, where rows are dear: the governor
+    that measures its costs through noise (sigma 0.15, drift, stalls) loses little to one that
+    knows them."""
+    prompt = [7, 8, 9, 10, 11, 12] * 150  # 900 tokens: a row costs 0.1 + 0.12 = 0.22 steps
+    output = ([7, 8, 9, 10, 11, 12] * 10 + [40 + i for i in range(20)]) * 3
+    clock = Clock(0.1, 0.00012)
+    exact = replay(prompt, output, LookupDrafter(), Schedule.governed(8, clock, shadow=True), clock)
+    timer = NoisyTimer(clock, sigma=0.15, seed=1)
+    measured = replay(prompt, output, LookupDrafter(), Schedule.governed(8, clock, shadow=True, timer=timer), clock)
+    speeds = [r.speedup(len(output)) for r in (exact, measured)]
+    print(f"\n  exact costs {speeds[0]:.3f}x, measured {speeds[1]:.3f}x")
+    assert speeds[1] >= 0.95 * speeds[0]
+    assert speeds[1] > 1.0
