@@ -6,7 +6,8 @@ Prints: the speed-up matrix (category x configuration, over verispec's plain dec
 fixed k against ``--k auto`` per category (the governor's targets: auto >= 0.97 everywhere,
 and within 5% of the best fixed k where a fixed k pays); the trained drafters' tokens per
 round and acceptance; the llama.cpp rows against llama-cpp-python's own plain decoding and
-its prompt-lookup mode; and the identity rates.
+its prompt-lookup mode; and the identity rates. ``--pool MORE.json ...`` adds the always-wrong
+control pooled over this run and the others (its behaviour does not depend on the costs).
 """
 
 from __future__ import annotations
@@ -43,19 +44,22 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def interval(document: dict, category: str, config: str, baseline: str = "none") -> tuple[float, float] | None:
-    """95% interval of a configuration's speed-up (geometric mean of per-run ratios) in a
-    category: a t-interval on the log ratios, each run paired with the baseline's run of the
-    same prompt in the same pass, taken as independent (the spread is mostly timing noise)."""
-    from scipy import stats
-
-    chosen = [r for r in document["records"] if category in (r["category"], OVERALL)]
+def log_ratios(records: list[dict], category: str, config: str, baseline: str = "none") -> list[float]:
+    """Per run, log(speed / the baseline's speed on the same prompt in the same pass)."""
+    chosen = [r for r in records if category in (r["category"], OVERALL)]
     base = {run_key(r): r for r in chosen if r["config"] == baseline}
-    logs = [
+    return [
         math.log(r["tokens_per_second"] / base[run_key(r)]["tokens_per_second"])
         for r in chosen
         if r["config"] == config and run_key(r) in base
     ]
+
+
+def interval(logs: list[float]) -> tuple[float, float] | None:
+    """95% interval of a speed-up (geometric mean of per-run ratios): a t-interval on the log
+    ratios, taken as independent (the spread is mostly timing noise)."""
+    from scipy import stats
+
     if len(logs) < 2:
         return None
     mean, spread = sum(logs) / len(logs), stats.tstd(logs)
@@ -63,9 +67,29 @@ def interval(document: dict, category: str, config: str, baseline: str = "none")
     return math.exp(mean - half), math.exp(mean + half)
 
 
+def pooled(documents: list[dict], config: str) -> None:
+    """One configuration over several runs (its behaviour unchanged between their commits)."""
+    print(f"\n### `{config}` pooled over {len(documents)} runs (t-interval from their own spread)\n")
+    print("| category | runs | speed-up | 95% interval |")
+    print("|---|---|---|---|")
+    categories = [*dict.fromkeys(r["category"] for d in documents for r in d["records"]), OVERALL]
+    for category in categories:
+        logs = [x for d in documents for x in log_ratios(d["records"], category, config)]
+        spread = interval(logs)
+        cells = [
+            str(len(logs)),
+            f"{math.exp(sum(logs) / len(logs)):.3f}",
+            f"{spread[0]:.2f}-{spread[1]:.2f}" if spread else "-",
+        ]
+        print(f"| {category} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
+    parser.add_argument(
+        "--pool", type=Path, nargs="+", default=[], help="more runs: the control (`wrong`) pooled over all"
+    )
     args = parser.parse_args()
     document = run.load(args.results)
     rows = rows_for(document, "none")
@@ -86,7 +110,7 @@ def main() -> None:
             speeds = [rows[(category, c)].speedup or 0.0 for c in fixed]
             auto = rows[(category, "lookup")].speedup or 0.0
             wrong = rows.get((category, "wrong"))
-            spread = interval(document, category, "wrong") if wrong else None
+            spread = interval(log_ratios(document["records"], category, "wrong")) if wrong else None
             cells = [fmt(v) for v in speeds] + [
                 fmt(auto),
                 fmt(auto / max(speeds), "{:.3f}"),
@@ -94,6 +118,9 @@ def main() -> None:
                 f"{spread[0]:.2f}-{spread[1]:.2f}" if spread else "-",
             ]
             print(f"| {category} | " + " | ".join(cells) + " |")
+
+    if args.pool:
+        pooled([document, *(run.load(p) for p in args.pool)], "wrong")
 
     trained = [c for c in labels if c.split(":")[0] in ("head", "block")]
     if trained:
