@@ -75,6 +75,7 @@ def main() -> None:
         runs = [(name, schedule, LookupDrafter()) for name, schedule in schedules.items()]
         runs += [(name, schedule, WrongDrafter(-1)) for name, schedule in wrong.items()]
         learners = [(memories["lookup"], schedules["auto"]), (memories["wrong"], wrong["wrong (auto)"])]
+        measured = []  # (a timer's live costs, drafter, schedule): the costs the next request starts from
         for timer, memory, costs in zip(timers, measured_memories, live, strict=True):
             for drafter_name, column in (("lookup", "auto, measured"), ("wrong", "wrong, measured")):
                 schedule = Schedule.governed(
@@ -82,6 +83,7 @@ def main() -> None:
                 )
                 runs.append((column, schedule, LookupDrafter() if drafter_name == "lookup" else WrongDrafter(-1)))
                 learners.append((memory[drafter_name], schedule))
+                measured.append((costs, drafter_name, schedule))
         for name, schedule, drafter in runs:
             speedup = replay(prompt, output, drafter, schedule, clock).speedup(len(output))
             for group in (record["category"], "overall"):
@@ -89,9 +91,9 @@ def main() -> None:
         for memory, schedule in learners:
             assert schedule.governor is not None
             memory.learn(schedule.governor)
-        for costs, (_, lookup), (_, control) in zip(live, learners[2::2], learners[3::2], strict=True):
-            assert lookup.governor is not None and control.governor is not None
-            costs["lookup"], costs["wrong"] = lookup.governor.costs, control.governor.costs
+        for costs, drafter_name, schedule in measured:
+            assert schedule.governor is not None
+            costs[drafter_name] = schedule.governor.costs
 
     names = [*(f"k={k}" for k in FIXED), "auto", "auto, no memory", "auto, probes", "wrong (auto)", "wrong, no memory"]
     names += ["auto, measured", "wrong, measured"] if timers else []

@@ -176,7 +176,7 @@ def test_costs_are_a_line_through_the_calibration_and_floor_at_one_step():
     noisy = CostModel.from_timings({1: 0.010, 2: 0.009})  # a row that "saved" time: slope 0
     assert noisy.per_row == 0.0 and noisy.round_steps(1) == 1.0
     single = CostModel.from_timings({1: 0.010})
-    assert single.known and single.row_xx == 0  # no slope evidence: the engine calibrates again
+    assert single.known and not single.has_slope  # no slope evidence: the engine calibrates again
     with pytest.raises(ValueError, match="plain step"):
         Governor(4, CostModel())
     with pytest.raises(ValueError, match="plain step"):

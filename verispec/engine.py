@@ -334,7 +334,7 @@ class Engine:
         k_max = request.k_max if request.k == AUTO else int(request.k)
         calibrated = self._calibrated_costs.get(name)
         # The line through the calibration extrapolates to any k, but needs two sizes.
-        if calibrated is None or (k_max > 0 and calibrated.row_xx == 0):
+        if calibrated is None or (k_max > 0 and not calibrated.has_slope):
             calibrated = self._calibrate(request, k_max)
             self._calibrated_costs[name] = calibrated
             self._live_costs[name] = copy.deepcopy(calibrated)

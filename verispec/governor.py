@@ -144,6 +144,11 @@ class CostModel:
         return self.step_seconds > 0
 
     @property
+    def has_slope(self) -> bool:
+        """Whether any evidence on the cost of extra rows is in (two sizes timed)."""
+        return self.row_xx > 0
+
+    @property
     def per_row(self) -> float:
         return max(0.0, self.row_xy / self.row_xx) if self.row_xx > 0 else 0.0
 
@@ -154,10 +159,6 @@ class CostModel:
         return self.step_seconds + self.per_row * (rows - 1)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        if not self.known:
-            if rows == 1:
-                self.step_seconds = seconds
-            return
         predicted = self.verify(rows)
         seconds = min(max(seconds, predicted / CLIP), predicted * CLIP)
         if rows == 1:
