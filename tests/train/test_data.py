@@ -1,5 +1,8 @@
 """The training-set cache: corpora and hidden states on disk, keyed by target and settings."""
 
+import hashlib
+import json
+
 import torch
 
 from verispec.train import data
@@ -33,3 +36,12 @@ def test_settings_key_depends_on_target_and_settings():
     assert settings.key("a") != settings.key("b")
     assert settings.key("a") != data.DataSettings(tokens=101).key("a")
     assert settings.key("a") == data.DataSettings(tokens=100).key("a")
+
+
+def test_second_turns_change_the_key_and_first_turns_only_keep_the_old_one():
+    # The key of training sets made before second turns existed (cached ones stay valid).
+    fields = {"tokens": 100, "max_new_tokens": 192, "temperature": 0.0, "seed": 0, "batch_size": 32}
+    text = json.dumps({"target": "a", **fields, "prompts": "v1"}, sort_keys=True)
+    before = hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert data.DataSettings(tokens=100).key("a") == before
+    assert data.DataSettings(tokens=100, second_turns=0.5).key("a") != before

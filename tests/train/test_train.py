@@ -120,3 +120,31 @@ def test_generate_uses_trained_weights_and_refuses_foreign_ones(tiny_dir, tiny_d
     code = main(["generate", "abc", "--model", str(tiny_dir), "--dtype", "float32", "--drafter", "head"])
     assert code == 2
     assert "verispec train-drafter" in capsys.readouterr().err
+
+
+def contains(sequence: list[int], part: list[int]) -> bool:
+    return any(sequence[i : i + len(part)] == part for i in range(len(sequence) - len(part) + 1))
+
+
+def test_second_turns_are_written_on_the_targets_own_answers(tiny_dir, tmp_path):
+    from verispec.train import data
+    from verispec.train.pipeline import train_drafter
+
+    settings = data.DataSettings(tokens=400, max_new_tokens=24, batch_size=8, second_turns=0.5)
+    summary = train_drafter(
+        "head", tmp_path, str(tiny_dir), settings, data_dir=tmp_path, dtype="float32", data_only=True
+    )
+    assert summary["data"]["response_tokens"] >= 400
+    (path,) = tmp_path.glob("sequences-*.safetensors")
+    corpus = data.load_corpus(path, path.stem.split("-", 1)[1])
+    assert corpus is not None
+    sequences = []
+    for start, length, prompt in zip(corpus.starts, corpus.lengths, corpus.prompt_lengths, strict=True):
+        ids = corpus.tokens[int(start) : int(start) + int(length)].tolist()
+        sequences.append((ids[: int(prompt)], ids[int(prompt) :]))
+    # A second turn's prompt holds a first answer (its text, end token and edges dropped).
+    answers = [response[1:-2] for _, response in sequences if len(response) > 6]
+    quoting = [prompt for prompt, _ in sequences if any(contains(prompt, answer) for answer in answers)]
+    assert answers and quoting
+    second = sum(len(r) for p, r in sequences if any(contains(p, a) for a in answers))
+    assert 0.3 < second / summary["data"]["response_tokens"] < 0.7, second

@@ -29,6 +29,13 @@ def add_train_parser(commands: Any) -> None:
     data.add_argument("--max-new-tokens", type=int, default=192, help="longest response per prompt")
     data.add_argument("--data-temperature", type=float, default=0.0, help="0: greedy responses (default)")
     data.add_argument("--gen-batch", type=int, default=32, help="prompts per generate() batch")
+    data.add_argument(
+        "--second-turns",
+        type=float,
+        default=0.5,
+        help="share of the tokens written as second turns on the target's own answers "
+        "(follow-ups; passages to summarise, translate, extract from); 0: first turns only",
+    )
     data.add_argument("--data-dir", default=None, help="cache of responses and hidden states")
     data.add_argument("--data-only", action="store_true", help="build and cache the training set, then stop")
     net = train.add_argument_group("network")
@@ -75,6 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
         temperature=args.data_temperature,
         seed=args.seed,
         batch_size=args.gen_batch,
+        second_turns=args.second_turns,
     )
     net_settings = NetSettings(
         layers=args.layers,

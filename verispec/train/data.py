@@ -38,9 +38,15 @@ class DataSettings:
     temperature: float = 0.0
     seed: int = 0
     batch_size: int = 32
+    # Share of the response tokens written as second turns on the target's own first answers
+    # (prompts.second_turns): follow-ups, and passages to summarise, translate, extract from.
+    second_turns: float = 0.0
 
     def key(self, fingerprint: str) -> str:
-        text = json.dumps({"target": fingerprint, **self.__dict__, "prompts": "v1"}, sort_keys=True)
+        fields = dict(self.__dict__)
+        if not fields["second_turns"]:
+            del fields["second_turns"]  # first turns only: the key of the sets made before the option
+        text = json.dumps({"target": fingerprint, **fields, "prompts": "v1"}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -71,13 +77,18 @@ class Corpus:
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """Token ids of a training prompt as a user's request: the chat template when there is one."""
+    return encode_conversation(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def encode_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a conversation ending in a user turn, ready for the assistant's answer:
+    the chat template when there is one, else the turns' texts joined by blank lines."""
     if getattr(tokenizer, "chat_template", None) is not None:
-        encoded = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
         return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(prompt)["input_ids"]]
+    text = "\n\n".join(message["content"] for message in messages)
+    return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
 @torch.inference_mode()

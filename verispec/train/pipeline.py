@@ -15,7 +15,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from verispec.drafters.block import BlockConfig, BlockNet, evenly_spaced_layers
 from verispec.drafters.head import HeadConfig, HeadNet
 from verispec.drafters.layers import SharedTarget
 from verispec.train import data, loop, objectives
+from verispec.train import prompts as prompts_module
 from verispec.train.prompts import training_prompts
 
 KINDS = ("head", "block")
@@ -151,7 +152,8 @@ def train_drafter(
         "train_seconds": round(history.seconds, 1),
         "data_seconds": round(data_seconds, 1),
         "parameters": sum(p.numel() for p in net.parameters()),
-        "prompts": "verispec.train.prompts (templates x topic words written in the code)",
+        "prompts": "verispec.train.prompts (templates x topic words written in the code"
+        + (", then second turns on the target's own answers)" if data_settings.second_turns else ")"),
     }
     weights.save(out, kind, net_config, net.state_dict(), identity, training)
     loop.plot_loss(history, out / "loss.png")
@@ -166,6 +168,8 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
     problems = []
     if data_settings.tokens < 1 or data_settings.max_new_tokens < 1 or data_settings.batch_size < 1:
         problems.append("--tokens, --max-new-tokens and --gen-batch must be >= 1")
+    if not 0.0 <= data_settings.second_turns < 1.0:
+        problems.append(f"--second-turns is a share in [0, 1), got {data_settings.second_turns}")
     if train.steps < 1 or train.items < 1 or train.span < 1 or train.checkpoint_every < 1:
         problems.append("--steps, --items, --span and --checkpoint-every must be >= 1")
     if net.block_size < 2:
@@ -195,15 +199,32 @@ def _corpus(
     if corpus is not None:
         return corpus, 0.0
     start = time.perf_counter()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_token_ids)
+    eos = sorted(target.eos_token_ids)
+    second = round(settings.tokens * settings.second_turns)
+    first_settings = replace(settings, tokens=settings.tokens - second)
     # Prompts enough for the tokens even if answers average 8 tokens; generation stops as
     # soon as enough are written, so unused prompts cost nothing.
-    count = max(2 * settings.batch_size, math.ceil(settings.tokens / 8))
-    prompts = [data.encode_prompt(tokenizer, text) for text in training_prompts(count, settings.seed)]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(target.eos_token_ids)
+    count = max(2 * settings.batch_size, math.ceil(first_settings.tokens / 8))
+    requests = training_prompts(count, settings.seed)
+    prompts = [data.encode_prompt(tokenizer, text) for text in requests]
     update = stage("target writes responses (tokens)", settings.tokens)
-    pairs = data.generate_responses(
-        model, prompts, settings, sorted(target.eos_token_ids), int(pad), lambda d, t: update(d, "")
-    )
+    pairs = data.generate_responses(model, prompts, first_settings, eos, int(pad), lambda d, t: update(d, ""))
+    if second > 0:
+        # generate_responses keeps the prompts' order and skips only empty answers.
+        texts = {tuple(ids): text for ids, text in zip(prompts, requests, strict=True)}
+        first = [(texts[tuple(p)], tokenizer.decode(r, skip_special_tokens=True)) for p, r in pairs]
+        done = sum(len(r) for _, r in pairs)
+        # Conversations enough if answers average 32 tokens; in a random order, sorted by
+        # length only within groups of 8 batches, so that a batch pads little while stopping
+        # early keeps a random sample of the passages rather than the shortest ones.
+        turns = prompts_module.second_turns(first, max(2 * settings.batch_size, math.ceil(second / 32)), settings.seed)
+        encoded = [data.encode_conversation(tokenizer, c) for c in turns]
+        group = 8 * settings.batch_size
+        encoded = [ids for g in range(0, len(encoded), group) for ids in sorted(encoded[g : g + group], key=len)]
+        pairs += data.generate_responses(
+            model, encoded, replace(settings, tokens=second), eos, int(pad), lambda d, t: update(done + d, "")
+        )
     corpus = data.Corpus.from_sequences(pairs)
     data.save_corpus(corpus, path, key)
     return corpus, time.perf_counter() - start

@@ -6,6 +6,14 @@ only (tests/train checks that no eight-word run of one appears in the other). Te
 cover the kinds of request people make of a chat model (writing, explanation, advice,
 reasoning, arithmetic, code, lists, rewriting, role play); the topics are everyday nouns.
 ``training_prompts(n, seed)`` draws n distinct combinations with a seeded generator.
+
+Second turns (``second_turns``) build on the target's own first answers, the way chat
+requests do (Spec-Bench's writing, roleplay, reasoning, math, coding, extraction, stem and
+humanities prompts come in two turns, and its summarization, rag and translation prompts
+quote a long text): a follow-up in the same conversation ("make it shorter", "translate it"),
+or a new request that quotes the answer as a passage to summarise, translate, extract from
+or answer questions on. The drafter so learns to draft where the text being written copies,
+condenses or rewrites text in its context, which first turns alone never show it.
 """
 
 from __future__ import annotations
@@ -108,3 +116,71 @@ def training_prompts(count: int, seed: int = 0) -> list[str]:
             seen.add(prompt)
             prompts.append(prompt)
     return prompts
+
+
+# A follow-up in the same conversation, after the target's own answer.
+FOLLOW_UPS = (
+    "Make your answer shorter, at most three sentences.",
+    "Rewrite your answer as a list of bullet points.",
+    "Now rewrite it for a five-year-old.",
+    "Translate your answer into French.",
+    "Translate your answer into Spanish.",
+    "Translate your answer into German.",
+    "Give your answer a title and write it again with headings.",
+    "Can you add one more example to your answer?",
+    "Rewrite your answer in a formal tone.",
+    "Turn your answer into a short poem.",
+    "What is the most important point in your answer, and why?",
+    "Write your answer again, but change every number or name you used.",
+    "Check your answer for mistakes and correct any you find.",
+    "Summarize your answer in one sentence.",
+    "Continue from where you stopped.",
+    "Write three questions a reader might ask about your answer, and answer them.",
+)
+
+# A new request that quotes the answer as its passage.
+PASSAGE_TASKS = (
+    "Summarize the following text in two sentences.\n\n{passage}",
+    "Write a one-paragraph summary of this text:\n\n{passage}",
+    "Translate the following text into French:\n\n{passage}",
+    "Translate the following text into Spanish:\n\n{passage}",
+    "Translate this text into German:\n\n{passage}",
+    "List every name, number and place mentioned in the text below.\n\n{passage}",
+    "Read the text and answer: what is its main idea, and which sentence shows it best?\n\n{passage}",
+    "Extract the key facts from this text as a JSON object with short keys.\n\n{passage}",
+    "Here is a text:\n\n{passage}\n\nRewrite it in simpler words, keeping every fact.",
+    "Here is a draft:\n\n{passage}\n\nFix the grammar and make it clearer. Return the full corrected text.",
+    "Text:\n{passage}\n\nQuestion: what are the three most important details in the text? Quote them.",
+    "Give this text a title, then write five keywords for it.\n\n{passage}",
+)
+
+Message = dict[str, str]
+
+
+def second_turns(first: list[tuple[str, str]], count: int, seed: int = 0) -> list[list[Message]]:
+    """``count`` conversations built on (request, answer) pairs the target wrote: about half a
+    follow-up after the answer, half a new request quoting the answer (FOLLOW_UPS,
+    PASSAGE_TASKS); pairs are drawn without replacement until they run out."""
+    if count < 1:
+        raise ValueError(f"need at least one second turn, got {count}")
+    usable = [(request, answer.strip()) for request, answer in first if answer.strip()]
+    if not usable:
+        raise ValueError("no first answer to build second turns on")
+    rng = np.random.default_rng([seed, 2])
+    order = rng.permutation(len(usable))
+    conversations: list[list[Message]] = []
+    for index in range(count):
+        request, answer = usable[int(order[index % len(order)])]
+        if rng.random() < 0.5:
+            follow = FOLLOW_UPS[rng.integers(len(FOLLOW_UPS))]
+            conversations.append(
+                [
+                    {"role": "user", "content": request},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": follow},
+                ]
+            )
+        else:
+            task = PASSAGE_TASKS[rng.integers(len(PASSAGE_TASKS))]
+            conversations.append([{"role": "user", "content": task.format(passage=answer)}])
+    return conversations
