@@ -16,6 +16,17 @@ def shingles(text: str) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
 
 
+def spec_bench_shingles() -> set[tuple[str, ...]]:
+    """Every eight-word run of every turn of the Spec-Bench dev prompts."""
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"no Spec-Bench prompt set at {SPEC_BENCH}")
+    bench: set[tuple[str, ...]] = set()
+    for line in SPEC_BENCH.read_text().splitlines():
+        for turn in json.loads(line)["turns"]:
+            bench |= shingles(turn)
+    return bench
+
+
 def test_prompts_are_distinct_and_reproducible():
     prompts = training_prompts(2000, seed=3)
     assert len(set(prompts)) == 2000
@@ -24,12 +35,7 @@ def test_prompts_are_distinct_and_reproducible():
 
 
 def test_no_training_prompt_shares_a_phrase_with_spec_bench():
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"no Spec-Bench prompt set at {SPEC_BENCH}")
-    bench = set()
-    for line in SPEC_BENCH.read_text().splitlines():
-        for turn in json.loads(line)["turns"]:
-            bench |= shingles(turn)
+    bench = spec_bench_shingles()
     for prompt in training_prompts(3000, seed=0):
         assert not shingles(prompt) & bench, prompt
 
@@ -60,12 +66,7 @@ def test_second_turns_need_an_answer():
 
 
 def test_no_second_turn_template_shares_a_phrase_with_spec_bench():
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"no Spec-Bench prompt set at {SPEC_BENCH}")
-    bench = set()
-    for line in SPEC_BENCH.read_text().splitlines():
-        for turn in json.loads(line)["turns"]:
-            bench |= shingles(turn)
+    bench = spec_bench_shingles()
     for template in (*FOLLOW_UPS, *PASSAGE_TASKS):
         text = template.format(passage="PASSAGE")
         assert not shingles(text) & bench, template

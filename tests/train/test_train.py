@@ -102,10 +102,11 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
     assert "wrote" in capsys.readouterr().err
 
 
-def test_bad_settings_are_refused_with_a_message(tiny_dir, tmp_path, capsys):
-    code = main(["train-drafter", "--target", str(tiny_dir), "--kind", "block", "--out", str(tmp_path), "--steps", "0"])
+@pytest.mark.parametrize("option, value", [("--steps", "0"), ("--second-turns", "1.5"), ("--second-turns", "-0.1")])
+def test_bad_settings_are_refused_with_a_message(option, value, tiny_dir, tmp_path, capsys):
+    code = main(["train-drafter", "--target", str(tiny_dir), "--kind", "block", "--out", str(tmp_path), option, value])
     assert code == 2
-    assert "--steps" in capsys.readouterr().err
+    assert option in capsys.readouterr().err
 
 
 def test_generate_uses_trained_weights_and_refuses_foreign_ones(tiny_dir, tiny_drafters, capsys):

@@ -27,8 +27,7 @@ from verispec.drafters.block import BlockConfig, BlockNet, evenly_spaced_layers
 from verispec.drafters.head import HeadConfig, HeadNet
 from verispec.drafters.layers import SharedTarget
 from verispec.train import data, loop, objectives
-from verispec.train import prompts as prompts_module
-from verispec.train.prompts import training_prompts
+from verispec.train.prompts import second_turns, training_prompts
 
 KINDS = ("head", "block")
 Stage = Callable[[str, int], Callable[[int, str], None]]  # (description, total) -> update(done, note)
@@ -211,14 +210,13 @@ def _corpus(
     update = stage("target writes responses (tokens)", settings.tokens)
     pairs = data.generate_responses(model, prompts, first_settings, eos, int(pad), lambda d, t: update(d, ""))
     if second > 0:
-        # generate_responses keeps the prompts' order and skips only empty answers.
         texts = {tuple(ids): text for ids, text in zip(prompts, requests, strict=True)}
         first = [(texts[tuple(p)], tokenizer.decode(r, skip_special_tokens=True)) for p, r in pairs]
         done = sum(len(r) for _, r in pairs)
         # Conversations enough if answers average 32 tokens; in a random order, sorted by
         # length only within groups of 8 batches, so that a batch pads little while stopping
         # early keeps a random sample of the passages rather than the shortest ones.
-        turns = prompts_module.second_turns(first, max(2 * settings.batch_size, math.ceil(second / 32)), settings.seed)
+        turns = second_turns(first, max(2 * settings.batch_size, math.ceil(second / 32)), settings.seed)
         encoded = [data.encode_conversation(tokenizer, c) for c in turns]
         group = 8 * settings.batch_size
         encoded = [ids for g in range(0, len(encoded), group) for ids in sorted(encoded[g : g + group], key=len)]
