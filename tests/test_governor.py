@@ -152,7 +152,7 @@ def test_a_start_from_memory_drafts_a_known_good_drafter_from_the_first_round():
 
 def test_acceptance_memory_learns_position_one_of_finished_requests():
     memory = AcceptanceMemory()
-    assert memory.start() == []
+    assert memory.start() == {}
     idle = Governor(8, costs())
     memory.learn(idle)  # examined nothing: nothing learned
     assert memory.first is None and memory.requests == 0
@@ -161,12 +161,59 @@ def test_acceptance_memory_learns_position_one_of_finished_requests():
     first.observe(2, 0, 0.0, 1.0)  # position 1 wrong
     first.observe_shadow(0.25)  # a shadow draft counts at position 1
     memory.learn(first)
-    assert memory.first == pytest.approx(1.25 / 3) and memory.start() == [pytest.approx(1.25 / 3)]
+    assert memory.first == pytest.approx(1.25 / 3) and memory.start() == {None: [pytest.approx(1.25 / 3)]}
     second = Governor(8, costs(), start=memory.start())
     second.observe(1, 1, 0.0, 1.0)
     memory.learn(second)
     assert memory.first == pytest.approx(1.25 / 3 + MEMORY_EMA * (1.0 - 1.25 / 3))
     assert memory.requests == 2
+
+
+def test_acceptance_memory_keeps_each_source_and_starts_new_ones_from_the_pool():
+    memory, governor = AcceptanceMemory(), Governor(8, costs(), shadow=True)
+    for source, hits in ((3, [1, 1, 1, 0]), (1, [0, 0])):
+        for hit in hits:
+            governor.next_k(source)
+            governor.observe_shadow(float(hit))
+    memory.learn(governor)
+    assert memory.by_source == {3: pytest.approx(0.75), 1: pytest.approx(0.0)}
+    assert memory.first == pytest.approx(3 / 6)
+    start = memory.start()
+    assert start == {None: [pytest.approx(0.5)], 3: [pytest.approx(0.75)], 1: [pytest.approx(0.0)]}
+    later = Governor(8, costs(), start=start)
+    assert later.estimates(3).acceptance == [pytest.approx(0.75)]
+    assert later.estimates(2).acceptance == [pytest.approx(0.5)]  # unseen source: the pooled start
+
+
+def test_estimates_are_kept_per_source_so_a_good_source_drafts_beside_a_bad_one():
+    # Prompt lookup's sources: a three-token match right 90% of the time at every position,
+    # a one-token match right 5%, mixed at random round by round. Pooled, the estimate sits
+    # near their mix; kept per source, the governor drafts long for the one and not the other.
+    model, rng = costs(), np.random.default_rng(7)
+    rate = {3: 0.9, 1: 0.05}
+    chosen = {True: {3: [], 1: []}, False: {3: [], 1: []}}
+    speed = {}  # tokens per plain step's time over the rounds
+    for by_source in (True, False):
+        tokens = steps = 0.0
+        governor = Governor(8, model, adapt_costs=False, shadow=True)
+        for _ in range(600):
+            source = 3 if rng.random() < 0.5 else 1
+            k = governor.next_k(source if by_source else None).k
+            accepted = 0
+            while accepted < k and rng.random() < rate[source]:
+                accepted += 1
+            governor.observe(k, accepted, 0.0, model.verify(k + 1))
+            if k == 0:
+                governor.observe_shadow(float(rng.random() < rate[source]))
+            chosen[by_source][source].append(k)
+            tokens, steps = tokens + accepted + 1, steps + model.round_steps(k)
+        speed[by_source] = tokens / steps
+    late = {b: {s: np.mean(ks[200:]) for s, ks in per.items()} for b, per in chosen.items()}
+    print(f"\n  mean k after 200 rounds: per source {late[True]}, pooled {late[False]}; speed-up {speed}")
+    best_good, _ = theory_best(0.9, model, 8)
+    assert late[True][1] < 0.5 and late[True][3] >= best_good - 1  # each source gets its own k
+    assert abs(late[False][3] - late[False][1]) < 1.0  # pooled, both get the same
+    assert speed[True] > 1.1 * speed[False]
 
 
 def test_costs_are_a_line_through_the_calibration_and_floor_at_one_step():

@@ -28,7 +28,7 @@ import numpy as np
 from verispec.accept import accept_chain, acceptance_probability
 from verispec.detokenize import TextStream
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
-from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Governor
+from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target, TargetError, check_can_run
@@ -252,7 +252,6 @@ class Engine:
     def _rounds(self, request: _Request) -> Iterator[str]:
         target, params, stats = self.target, request.params, request.stats
         rng = np.random.default_rng(request.seed)
-        shadow_rng = np.random.default_rng([request.seed, 1])
         prompt = request.prompt_ids
         context = request.context
         context.extend(prompt)
@@ -267,23 +266,29 @@ class Engine:
             if room <= 0:
                 request.finish_reason = "length"
                 break
-            if governor is not None:
+            t0 = time.perf_counter()
+            shadow = NO_DRAFT
+            if governor is not None and governor.shadow:
+                # A shadowing governor's drafter is pure and nearly free: its proposal comes
+                # first, so the governor decides knowing what it is based on (``Draft.source``).
+                # Verifying a prefix of it is lossless: the cut depends on the drafter alone.
+                # In a plain round its first token is the shadow draft, never verified.
+                offer = request.drafter.propose(context, min(governor.k_max, room - 1), rng)
+                choice = governor.next_k(offer.source) if offer.tokens else Decision(0, 1.0)
+                stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
+                k, draft = choice.k, offer
+                if choice.k == 0:
+                    shadow = _prefix(offer, 1)
+            elif governor is not None:
                 choice = governor.next_k()
                 k = min(choice.k, room - 1)
+                draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
+                # A probe the drafter left empty examined nothing.
+                stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
             else:
                 k = min(int(request.k), room - 1)
-            t0 = time.perf_counter()
-            draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
-            shadow = NO_DRAFT
-            if governor is not None:
-                # A probe the drafter left empty examined nothing. A plain round under a
-                # shadowing governor still asks the drafter for one token (on its own RNG:
-                # the rule's uniforms must not depend on it), never verified.
-                stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
-                if choice.k == 0 and governor.shadow:
-                    shadow = request.drafter.propose(context, 1, shadow_rng)
-            if len(draft.tokens) > k:
-                draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+                draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
+            draft = _prefix(draft, k)  # a drafter may offer more than asked
             t1 = time.perf_counter()
             logits = target.verify([context[-1], *draft.tokens])
             target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
@@ -346,12 +351,12 @@ class Engine:
         # the prior, whatever the requests before it measured.
         reproducible = request.params.seed is not None and not request.params.greedy
         costs = calibrated if reproducible else live
-        start = [] if reproducible else self._acceptance.setdefault(name, AcceptanceMemory()).start()
+        start = {} if reproducible else self._acceptance.setdefault(name, AcceptanceMemory()).start()
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
         # nothing the next round sees), and only while they are nearly free.
         shadow = bool(getattr(request.drafter, "pure_proposals", False)) and Governor.can_shadow(costs)
         governor = Governor(k_max, costs, adapt_costs=not reproducible, shadow=shadow, start=start)
-        request.stats.governor_start_acceptance = start[0] if start else None
+        request.stats.governor_start_acceptance = start[None][0] if start else None
         request.governor = governor
         return governor
 
@@ -390,3 +395,10 @@ class Engine:
         if governor is not None and governor.adapt_costs:
             self._live_costs[request.drafter.name] = governor.costs
             self._acceptance[request.drafter.name].learn(governor)
+
+
+def _prefix(draft: Draft, k: int) -> Draft:
+    """The first k tokens of a draft, with their rows and source."""
+    if len(draft.tokens) <= k:
+        return draft
+    return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], draft.source)

@@ -46,10 +46,11 @@ class RequestStats:
     governor_shadow_drafts: int = 0
     governor_start_acceptance: float | None = None
 
-    def observe_choice(self, k: int, probe: bool) -> None:
-        """Count the k a governor chose for the coming round (0: decode plainly)."""
+    def observe_choice(self, k: int, probe: bool, governed: bool = True) -> None:
+        """Count the k chosen for the coming round (0: decode plainly); ``governed`` False:
+        the drafter had nothing to offer, so the governor was not asked."""
         self.k_chosen_histogram[k] = self.k_chosen_histogram.get(k, 0) + 1
-        self.governor_plain_rounds += int(k == 0)
+        self.governor_plain_rounds += int(k == 0 and governed)
         self.governor_probes += int(probe)
 
     def observe(self, offered: int, accepted: int, bonus: int, draft_seconds: float, verify_seconds: float) -> None:

@@ -16,7 +16,7 @@ drift, starting from a noisy calibration and carrying its costs from request to 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,14 +90,17 @@ class Schedule:
     """Chooses each round's k at a context length and hears what the round did there
     (a fixed k, or a governor)."""
 
-    choose: Callable[[int], int]
+    choose: Callable[[int, Hashable], int]  # (context length, the offer's source) -> k
     observe: Callable[[int, int, int], None] = lambda offered, accepted, context: None
     shadow: Callable[[float], None] | None = None
     governor: Governor | None = None
+    # The engine asks a shadowing governor's drafter for up to ``offer`` tokens before k is
+    # chosen (``Draft.source``); None: k is chosen first.
+    offer: int | None = None
 
     @classmethod
     def fixed(cls, k: int) -> Schedule:
-        return cls(lambda context: k)
+        return cls(lambda context, source: k)
 
     @classmethod
     def governed(
@@ -119,19 +122,19 @@ class Schedule:
         governor = Governor(k_max, costs or clock.costs(0), adapt_costs=timer is not None, shadow=shadow, start=start)
         calibrate = timer is not None and costs is None
 
-        def choose(context: int) -> int:
+        def choose(context: int, source: Hashable) -> int:
             nonlocal calibrate
             if timer is None:
                 governor.costs = clock.costs(context)
             elif calibrate:
                 governor.costs, calibrate = timer.calibrate(context, k_max), False
-            return governor.next_k().k
+            return governor.next_k(source).k
 
         def observe(offered: int, accepted: int, context: int) -> None:
             seconds = 0.0 if timer is None else timer(offered, context)
             governor.observe(offered, accepted, 0.0, seconds)
 
-        return cls(choose, observe, governor.observe_shadow if shadow else None, governor)
+        return cls(choose, observe, governor.observe_shadow if shadow else None, governor, k_max if shadow else None)
 
 
 def replay(
@@ -143,15 +146,22 @@ def replay(
     context, end = list(prompt), len(prompt) + len(output)
     rounds, steps = 0, 0.0
     while len(context) < end:
-        chosen = schedule.choose(len(context))
-        k = min(chosen, end - len(context) - 1)
-        draft = drafter.propose(context, k, rng).tokens[:k] if k > 0 else []
+        room = end - len(context) - 1  # drafts beyond the output's end cannot be replayed
+        if schedule.offer is not None:  # as the engine does for a shadowing governor
+            offer = drafter.propose(context, min(schedule.offer, room), rng)
+            chosen = schedule.choose(len(context), offer.source) if offer.tokens else 0
+            draft = offer.tokens[: min(chosen, room)]
+        else:
+            offer = None
+            chosen = schedule.choose(len(context), None)
+            k = min(chosen, room)
+            draft = drafter.propose(context, k, rng).tokens[:k] if k > 0 else []
         truth = output[len(context) - len(prompt) :]
         accepted = next((i for i, (d, t) in enumerate(zip(draft, truth, strict=False)) if d != t), len(draft))
         rounds, steps = rounds + 1, steps + clock.steps(len(draft), len(context))
         schedule.observe(len(draft), accepted, len(context))
         if schedule.shadow is not None and chosen == 0:
-            guess = drafter.propose(context, 1, rng).tokens
+            guess = offer.tokens if offer is not None else drafter.propose(context, 1, rng).tokens
             if guess:
                 schedule.shadow(1.0 if guess[0] == truth[0] else 0.0)
         context.extend(truth[: accepted + 1])

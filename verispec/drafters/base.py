@@ -16,8 +16,10 @@ the target's capture on for the request, so ``begin`` finds the prompt's states 
 committed positions).
 
 A drafter whose ``propose`` is pure (it changes nothing a later call sees) and cheap may
-set ``pure_proposals = True``: the governor then asks it for a shadow draft in plain rounds,
-to see whether drafting would pay again (``verispec.governor``).
+set ``pure_proposals = True``: the engine then asks it for its proposal of up to k_max
+tokens before the governor decides how many of them to verify (a proposal of k tokens must
+be the first k of a longer one), and in plain rounds its first token is a shadow draft that
+shows whether drafting would pay again (``verispec.governor``).
 
 A drafter proposes and observes; it never decides acceptance. The engine creates drafters
 through ``create_drafter(name, ...)``; the registry is the only place names are looked up.
@@ -25,7 +27,7 @@ through ``create_drafter(name, ...)``; the registry is the only place names are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,10 +39,16 @@ from verispec.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens (n,) and the rows (n, V) they were drawn from; ``probs`` None = point masses."""
+    """Proposed tokens (n,) and the rows (n, V) they were drawn from; ``probs`` None = point masses.
+
+    ``source``: what the proposal is based on, where a drafter's acceptance differs by it
+    (prompt lookup: the length of the matched n-gram); the governor keeps its acceptance
+    estimates per source. None: one kind of proposal.
+    """
 
     tokens: list[int]
     probs: NDArray[np.float64] | None = None
+    source: Hashable = None
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):
