@@ -79,6 +79,7 @@ def test_bench_writes_json_plots_and_table_and_redraws(tiny_dir, prompt_file, tm
         ("good", ["--categories"], "no categories selected"),
         ("bad-line", [], ":2: not a Spec-Bench record"),
         ("good", ["--configs", "turbo"], "unknown configuration 'turbo'"),
+        ("good", ["--configs", "head:confidence=1.5"], "min_confidence must be a number in [0, 1], got '1.5'"),
         ("empty", [], "holds no prompts"),
     ],
 )

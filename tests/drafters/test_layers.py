@@ -2,9 +2,12 @@
 shared LM head over a draft vocabulary."""
 
 import numpy as np
+import pytest
 import torch
 
+from verispec.drafters.base import DrafterError, check_confidence
 from verispec.drafters.layers import Attention, SharedTarget, rotary, window_mask
+from verispec.sampling import SamplingParams, final_distribution
 
 
 def test_rotary_scores_depend_only_on_the_distance():
@@ -41,13 +44,44 @@ def test_window_mask():
     assert mask.equal(expected)
 
 
-def test_the_draft_vocabulary_rows_are_the_targets_and_the_rest_is_impossible():
+def full_row(shared, hidden):
+    """What a drafter's row would be over the whole vocabulary: the head's logits in the
+    draft vocabulary (bfloat16, as drafting computes them), -inf elsewhere."""
+    row = np.full(shared.vocab_size, -np.inf)
+    logits = hidden.to(torch.bfloat16) @ shared.head.to(torch.bfloat16).T
+    row[shared.vocab_ids.numpy()] = logits.double().numpy()
+    return row
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=2, top_p=0.9),
+        SamplingParams(temperature=0.8, min_p=0.2),
+        SamplingParams(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.5),
+    ],
+)
+def test_a_drafted_row_is_the_pipeline_over_the_draft_vocabulary_and_zero_elsewhere(params):
     torch.manual_seed(0)
     embeddings, head = torch.randn(10, 4), torch.randn(10, 4)
-    shared = SharedTarget(embeddings, head, torch.tensor([2, 5, 7]))
-    hidden = torch.randn(2, 4)
-    rows = shared.full_rows(hidden)
-    assert rows.shape == (2, 10)
-    np.testing.assert_allclose(rows[:, [2, 5, 7]], (hidden @ head.T)[:, [2, 5, 7]].double().numpy(), rtol=1e-6)
-    assert np.isneginf(np.delete(rows, [2, 5, 7], axis=1)).all()
+    shared = SharedTarget(embeddings, head, torch.tensor([2, 5, 7, 8]))
     assert shared.label_index[5] == 1 and shared.label_index[3] == -100
+    hidden = torch.randn(4)
+    prompt, history = [5, 3], [7]  # penalties read ids in and out of the draft vocabulary
+    row, confidence = shared.distribution(hidden, params, prompt, history)
+    expected = final_distribution(full_row(shared, hidden), params, prompt, history)
+    assert row.shape == (10,)
+    np.testing.assert_allclose(row, expected, rtol=1e-12, atol=1e-15)
+    assert (np.delete(row, [2, 5, 7, 8]) == 0).all() and row.sum() == pytest.approx(1.0)
+    # The confidence is the plain softmax's largest probability, whatever the sampling settings.
+    plain = final_distribution(full_row(shared, hidden), SamplingParams(temperature=1.0))
+    assert confidence == pytest.approx(plain.max(), rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "high", None, float("nan")])
+def test_a_min_confidence_outside_zero_to_one_is_refused(bad):
+    with pytest.raises(DrafterError, match="min_confidence must be a number in \\[0, 1\\]"):
+        check_confidence(bad)
+    assert check_confidence("0.25") == 0.25

@@ -57,3 +57,50 @@ def test_every_draft_has_mass_under_its_row(tiny_engine, drafter, temperature, t
     assert all(draft.probs[i, token] > 0 for i, token in enumerate(draft.tokens))
     if temperature == 0:  # greedy: q is a point mass on the drafted token
         assert all(draft.probs[i, token] == 1.0 for i, token in enumerate(draft.tokens))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_confidence_floor_cuts_the_draft_where_the_drafter_is_unsure(
+    tiny_engine, tiny_drafters, drafter, temperature
+):
+    # The floor reads the drafter's own confidence, never its sample: a gated draft is a
+    # prefix of the ungated one from the same generator, with the same rows, ending just
+    # before the first position whose confidence is below the floor.
+    params = SamplingParams(temperature=temperature)
+    seen = []
+    shared = drafter.shared
+    original = shared.distribution
+
+    def recording(*args):
+        row, confidence = original(*args)
+        seen.append(confidence)
+        return row, confidence
+
+    k = most_drafts(drafter, 6)
+    context = trained.prepared(tiny_engine, drafter, PROMPT, params)
+    shared.distribution = recording
+    try:
+        full = drafter.propose(context, k, np.random.default_rng(3))
+    finally:
+        del shared.distribution
+        trained.release(tiny_engine, drafter)
+    assert len(full.tokens) == k and len(seen) == k
+    floor = sorted(seen)[len(seen) // 2]  # the median: some positions pass, some do not
+    expected = next((i for i, c in enumerate(seen) if c < floor), k)
+    gated_drafter = tiny_engine.drafter(
+        drafter.name, drafter_weights=str(tiny_drafters[drafter.name]), min_confidence=floor
+    )
+    context = trained.prepared(tiny_engine, gated_drafter, PROMPT, params)
+    try:
+        gated = gated_drafter.propose(context, k, np.random.default_rng(3))
+    finally:
+        trained.release(tiny_engine, gated_drafter)
+    print(
+        f"\n  {drafter.name} T={temperature}: confidences {np.round(seen, 3)}, "
+        f"floor {floor:.3f} -> {len(gated.tokens)} of {k} drafts"
+    )
+    assert gated.tokens == full.tokens[:expected]
+    if expected:
+        np.testing.assert_array_equal(gated.probs, full.probs[:expected])
+    else:
+        assert gated.probs is None

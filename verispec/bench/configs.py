@@ -8,9 +8,10 @@ NAME is a verispec drafter (``none``, ``lookup``, ``model``, ...) or a peer base
   drafter (option ``n``), when llama-cpp-python is installed.
 
 Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a number), ``dtype``,
-``backend`` (torch or llama.cpp), ``exact`` (on or off; torch).
-Examples: ``none``, ``lookup:k=8``, ``lookup:k=auto,dtype=float32``, ``none:backend=llama.cpp``,
-``hf-prompt-lookup:n=10``.
+``backend`` (torch or llama.cpp), ``exact`` (on or off; torch), ``confidence`` (the trained
+drafters' ``min_confidence``: stop drafting below it).
+Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``lookup:k=auto,dtype=float32``,
+``none:backend=llama.cpp``, ``hf-prompt-lookup:n=10``.
 
 The baseline of every speed-up is ``none`` with no options (verispec's own plain decoding on
 the default backend); it is added when not listed.
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verispec.drafters.base import DrafterError, check_confidence
+
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype", "backend", "exact"}
+VERISPEC_OPTIONS = {"k", "dtype", "backend", "exact", "confidence"}
 PEER_OPTIONS = {"n", "dtype"}
 
 
@@ -56,6 +59,12 @@ class BenchConfig:
                 raise BenchConfigError(f"{self.label}: exact is on or off, got {self.options['exact']!r}")
             options["exact"] = self.options["exact"] == "on"
         return options
+
+    def drafter_options(self) -> dict[str, object]:
+        """Keyword arguments of ``Engine.drafter`` this configuration asks for."""
+        if "confidence" not in self.options:
+            return {}
+        return {"min_confidence": check_confidence(self.options["confidence"])}
 
     def k_option(self, default: int | str) -> int | str:
         """Drafts per round: "auto" (the economics governor) or a fixed number."""
@@ -97,6 +106,10 @@ def parse_config(text: str, drafters: list[str]) -> BenchConfig:
     config.k_option(0)
     config.int_option("n", 0)
     config.engine_options()
+    try:
+        config.drafter_options()
+    except DrafterError as error:
+        raise BenchConfigError(f"{text!r}: {error}") from error
     return config
 
 

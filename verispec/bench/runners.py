@@ -68,7 +68,7 @@ class PeakMemory:
 class VerispecRunner:
     def __init__(self, config: BenchConfig, engine: Any, default_k: int | str) -> None:
         self.config, self.engine = config, engine
-        self.drafter = engine.drafter(config.name)
+        self.drafter = engine.drafter(config.name, **config.drafter_options())
         self.k = config.k_option(default_k)
 
     def run(self, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int) -> RunRecord:

@@ -27,6 +27,7 @@ through ``create_drafter(name, ...)``; the registry is the only place names are 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -117,3 +118,14 @@ def create_drafter(name: str, context: DrafterContext) -> Drafter:
 def _load_builtin() -> None:
     # Importing the modules registers their drafters.
     from verispec.drafters import block, control, head, lookup, model, none  # noqa: F401
+
+
+def check_confidence(value: object) -> float:
+    """A ``min_confidence`` option: a number in [0, 1]."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 0.0 <= number <= 1.0:
+        raise DrafterError(f"min_confidence must be a number in [0, 1], got {value!r}")
+    return number

@@ -28,9 +28,9 @@ from torch import nn
 
 from verispec.accept import sample_index
 from verispec.drafters import weights
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
-from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget
-from verispec.sampling import SamplingParams, final_distribution
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, check_confidence, register_drafter
+from verispec.drafters.layers import DEFAULT_MIN_CONFIDENCE, DecoderLayer, RMSNorm, SharedTarget
+from verispec.sampling import SamplingParams
 from verispec.targets.base import HiddenCapture
 
 KIND = "block"
@@ -138,7 +138,8 @@ class BlockDrafter:
 
     name = KIND
 
-    def __init__(self, net: BlockNet, shared: SharedTarget, target: Any) -> None:
+    def __init__(self, net: BlockNet, shared: SharedTarget, target: Any, min_confidence: float = 0.0) -> None:
+        self.min_confidence = check_confidence(min_confidence)
         self.net = net.eval()
         self.shared = shared
         self.target = target
@@ -173,15 +174,17 @@ class BlockDrafter:
                 self.context,
                 self.context_positions,
             )[0, :k]  # (k, D): one pass, every slot at once
-            logits = self.shared.full_rows(self.net.logits_input(outputs))
+            hidden = self.net.logits_input(outputs)
         output_ids = list(context[len(self.prompt) :])
         tokens: list[int] = []
         rows = []
-        for row in logits:
-            probs = final_distribution(row, self.params, self.prompt, output_ids + tokens)
+        for row in hidden:
+            probs, confidence = self.shared.distribution(row, self.params, self.prompt, output_ids + tokens)
+            if confidence < self.min_confidence:
+                break  # unsure: this slot and the ones after it would rarely be kept
             tokens.append(sample_index(probs, float(rng.random())))  # drawn from exactly the row reported
             rows.append(probs)
-        return Draft(tokens=tokens, probs=np.stack(rows))
+        return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
 
     @torch.inference_mode()
     def observe(self, context: Sequence[int], accepted: int) -> None:
@@ -214,7 +217,7 @@ class BlockDrafter:
         self.context_positions = positions[-window:]
 
 
-def build(target: Any, directory: Path) -> BlockDrafter:
+def build(target: Any, directory: Path, min_confidence: float = 0.0) -> BlockDrafter:
     """A block drafter for ``target`` from a weights directory (checked against the target)."""
     net, shared = weights.load_net(
         directory,
@@ -223,9 +226,10 @@ def build(target: Any, directory: Path) -> BlockDrafter:
         lambda config, vocab_ids: BlockNet(BlockConfig.from_dict(config), vocab_ids),
         lambda net: net.config.target_layers,
     )
-    return BlockDrafter(net, shared, target)
+    return BlockDrafter(net, shared, target, min_confidence)
 
 
 @register_drafter(KIND)
 def _build(context: DrafterContext) -> BlockDrafter:
-    return build(context.target, weights.weights_dir(context.option("drafter_weights"), KIND))
+    directory = weights.weights_dir(context.option("drafter_weights"), KIND)
+    return build(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))

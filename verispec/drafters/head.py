@@ -26,9 +26,15 @@ from torch import nn
 
 from verispec.accept import sample_index
 from verispec.drafters import weights
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
-from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget, window_mask
-from verispec.sampling import SamplingParams, final_distribution
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, check_confidence, register_drafter
+from verispec.drafters.layers import (
+    DEFAULT_MIN_CONFIDENCE,
+    DecoderLayer,
+    RMSNorm,
+    SharedTarget,
+    window_mask,
+)
+from verispec.sampling import SamplingParams
 from verispec.targets.base import HiddenCapture
 
 KIND = "head"
@@ -111,8 +117,9 @@ class HeadDrafter:
 
     name = KIND
 
-    def __init__(self, net: HeadNet, shared: SharedTarget, target: Any) -> None:
+    def __init__(self, net: HeadNet, shared: SharedTarget, target: Any, min_confidence: float = 0.0) -> None:
         self.net = net.eval()
+        self.min_confidence = check_confidence(min_confidence)
         self.shared = shared
         self.target = target
         config = net.config
@@ -150,14 +157,17 @@ class HeadDrafter:
             tokens: list[int] = []
             rows = []
             for i in range(k):
-                logits = self.shared.full_rows(self.net.logits_input(outputs))[0]
-                probs = final_distribution(logits, self.params, self.prompt, output_ids + tokens)
+                probs, confidence = self.shared.distribution(
+                    self.net.logits_input(outputs)[0], self.params, self.prompt, output_ids + tokens
+                )
+                if confidence < self.min_confidence:
+                    break  # unsure: this draft and the ones after it would rarely be kept
                 token = sample_index(probs, float(rng.random()))  # drawn from exactly the row reported
                 tokens.append(token)
                 rows.append(probs)
                 if i + 1 < k:  # the head's own output stands in for the target's feature
                     outputs = self._run(outputs, self.shared.embed(torch.tensor([token])), torch.tensor([n + 1 + i]))
-        return Draft(tokens=tokens, probs=np.stack(rows))
+        return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
 
     @torch.inference_mode()
     def observe(self, context: Sequence[int], accepted: int) -> None:
@@ -228,7 +238,7 @@ class HeadDrafter:
         self.cache_positions = self.cache_positions[:length]
 
 
-def build(target: Any, directory: Path) -> HeadDrafter:
+def build(target: Any, directory: Path, min_confidence: float = 0.0) -> HeadDrafter:
     """A head drafter for ``target`` from a weights directory (checked against the target)."""
     net, shared = weights.load_net(
         directory,
@@ -237,9 +247,10 @@ def build(target: Any, directory: Path) -> HeadDrafter:
         lambda config, vocab_ids: HeadNet(HeadConfig.from_dict(config), vocab_ids),
         lambda net: [net.config.feature_layer],
     )
-    return HeadDrafter(net, shared, target)
+    return HeadDrafter(net, shared, target, min_confidence)
 
 
 @register_drafter(KIND)
 def _build(context: DrafterContext) -> HeadDrafter:
-    return build(context.target, weights.weights_dir(context.option("drafter_weights"), KIND))
+    directory = weights.weights_dir(context.option("drafter_weights"), KIND)
+    return build(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))
