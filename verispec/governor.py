@@ -15,9 +15,9 @@ nothing, so the probe waits for the next round.
 
 Shadow drafting replaces back-off and probes for a drafter whose proposals are free and
 pure (prompt lookup: a dictionary read that changes nothing): in a plain round the first
-token of the proposal it made anyway is a shadow draft, and the target's own row of that round says how likely the
-rule would have accepted it (``min(1, p(x) / q(x))``), which is evidence at position 1 at no
-cost. The governor then decides afresh every round, and resumes drafting the round the
+token of the proposal it made anyway is a shadow draft, and the target's own row of that
+round says how likely the rule would have accepted it (``min(1, p(x) / q(x))``), which is
+evidence at position 1 at no cost. The governor then decides afresh every round, and resumes drafting the round the
 drafter starts being right; probes at fixed intervals missed the short stretches in which
 prompt lookup is right (math: 0 of 7 probed drafts accepted where a fixed k = 2 had 23 of 116).
 
