@@ -285,19 +285,11 @@ class Governor:
             self.sources[source] = Estimates(self._default_start)
         return self.sources[source]
 
-    @property
-    def acceptance(self) -> list[float]:
-        """The estimates of the current source, per draft position."""
-        return self.estimates(self.current).acceptance
-
-    def expected_acceptance(self, k: int) -> list[float]:
-        return self.estimates(self.current).expected(k)
-
     def best(self) -> Decision:
         """The k with the most predicted tokens per unit time, by the theory."""
-        best = Decision(0, 1.0)
+        best, estimates = Decision(0, 1.0), self.estimates(self.current)
         for k in range(1, self.k_max + 1):
-            speed = rounds.expected_tokens_positional(self.expected_acceptance(k)) / self.costs.round_steps(k)
+            speed = rounds.expected_tokens_positional(estimates.expected(k)) / self.costs.round_steps(k)
             if speed > best.predicted_speedup:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
@@ -388,14 +380,14 @@ class AcceptanceMemory:
     """
 
     first: float | None = None  # pooled over sources
-    by_source: dict[Source, float] = field(default_factory=dict)
+    by_source: dict[Source, float] = field(default_factory=dict)  # sources other than None
     requests: int = 0
 
     def start(self) -> dict[Source, list[float]]:
         """Per source the position-1 acceptance to start from; key None: the pooled one."""
         if self.first is None:
             return {}
-        return {None: [self.first], **{source: [a] for source, a in self.by_source.items() if source is not None}}
+        return {None: [self.first], **{source: [a] for source, a in self.by_source.items()}}
 
     def learn(self, governor: Governor) -> None:
         """Move toward the acceptance a finished request observed at position 1."""
@@ -405,7 +397,8 @@ class AcceptanceMemory:
         hits = sum(e.first_hits for e in examined.values())
         self.first = _toward(self.first, hits / sum(e.observed[0] for e in examined.values()))
         for source, e in examined.items():
-            self.by_source[source] = _toward(self.by_source.get(source), e.first_hits / e.observed[0])
+            if source is not None:  # a drafter without sources: the pooled estimate is its own
+                self.by_source[source] = _toward(self.by_source.get(source), e.first_hits / e.observed[0])
         self.requests += 1
 
 

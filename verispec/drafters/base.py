@@ -120,6 +120,11 @@ def _load_builtin() -> None:
     from verispec.drafters import block, control, head, lookup, model, none  # noqa: F401
 
 
+# A trained drafter stops drafting where its confidence (``SharedTarget.distribution``) falls
+# below this (drafter option ``min_confidence``; 0 drafts whatever k asks).
+DEFAULT_MIN_CONFIDENCE = 0.0
+
+
 def check_confidence(value: object) -> float:
     """A ``min_confidence`` option: a number in [0, 1]."""
     try:

@@ -26,10 +26,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from verispec.accept import sample_index
 from verispec.drafters import weights
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, check_confidence, register_drafter
-from verispec.drafters.layers import DEFAULT_MIN_CONFIDENCE, DecoderLayer, RMSNorm, SharedTarget
+from verispec.drafters.base import (
+    DEFAULT_MIN_CONFIDENCE,
+    NO_DRAFT,
+    Draft,
+    DrafterContext,
+    DrafterError,
+    check_confidence,
+    register_drafter,
+)
+from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget
 from verispec.sampling import SamplingParams
 from verispec.targets.base import HiddenCapture
 
@@ -138,7 +145,9 @@ class BlockDrafter:
 
     name = KIND
 
-    def __init__(self, net: BlockNet, shared: SharedTarget, target: Any, min_confidence: float = 0.0) -> None:
+    def __init__(
+        self, net: BlockNet, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
+    ) -> None:
         self.min_confidence = check_confidence(min_confidence)
         self.net = net.eval()
         self.shared = shared
@@ -178,12 +187,15 @@ class BlockDrafter:
         output_ids = list(context[len(self.prompt) :])
         tokens: list[int] = []
         rows = []
-        for row in hidden:
-            probs, confidence = self.shared.distribution(row, self.params, self.prompt, output_ids + tokens)
-            if confidence < self.min_confidence:
-                break  # unsure: this slot and the ones after it would rarely be kept
-            tokens.append(sample_index(probs, float(rng.random())))  # drawn from exactly the row reported
-            rows.append(probs)
+        for slot in hidden:
+            drawn = self.shared.draw(
+                slot, self.params, self.prompt, output_ids + tokens, float(rng.random()), self.min_confidence
+            )
+            if drawn is None:
+                break  # unsure: stop drafting here
+            token, row = drawn  # drawn from exactly the row reported
+            tokens.append(token)
+            rows.append(row)
         return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
 
     @torch.inference_mode()
@@ -217,7 +229,7 @@ class BlockDrafter:
         self.context_positions = positions[-window:]
 
 
-def build(target: Any, directory: Path, min_confidence: float = 0.0) -> BlockDrafter:
+def build(target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> BlockDrafter:
     """A block drafter for ``target`` from a weights directory (checked against the target)."""
     net, shared = weights.load_net(
         directory,

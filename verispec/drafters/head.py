@@ -24,16 +24,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from verispec.accept import sample_index
 from verispec.drafters import weights
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, check_confidence, register_drafter
-from verispec.drafters.layers import (
+from verispec.drafters.base import (
     DEFAULT_MIN_CONFIDENCE,
-    DecoderLayer,
-    RMSNorm,
-    SharedTarget,
-    window_mask,
+    NO_DRAFT,
+    Draft,
+    DrafterContext,
+    DrafterError,
+    check_confidence,
+    register_drafter,
 )
+from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget, window_mask
 from verispec.sampling import SamplingParams
 from verispec.targets.base import HiddenCapture
 
@@ -117,7 +118,9 @@ class HeadDrafter:
 
     name = KIND
 
-    def __init__(self, net: HeadNet, shared: SharedTarget, target: Any, min_confidence: float = 0.0) -> None:
+    def __init__(
+        self, net: HeadNet, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
+    ) -> None:
         self.net = net.eval()
         self.min_confidence = check_confidence(min_confidence)
         self.shared = shared
@@ -157,14 +160,19 @@ class HeadDrafter:
             tokens: list[int] = []
             rows = []
             for i in range(k):
-                probs, confidence = self.shared.distribution(
-                    self.net.logits_input(outputs)[0], self.params, self.prompt, output_ids + tokens
+                drawn = self.shared.draw(
+                    self.net.logits_input(outputs)[0],
+                    self.params,
+                    self.prompt,
+                    output_ids + tokens,
+                    float(rng.random()),
+                    self.min_confidence,
                 )
-                if confidence < self.min_confidence:
-                    break  # unsure: this draft and the ones after it would rarely be kept
-                token = sample_index(probs, float(rng.random()))  # drawn from exactly the row reported
+                if drawn is None:
+                    break  # unsure: stop drafting here
+                token, row = drawn  # drawn from exactly the row reported
                 tokens.append(token)
-                rows.append(probs)
+                rows.append(row)
                 if i + 1 < k:  # the head's own output stands in for the target's feature
                     outputs = self._run(outputs, self.shared.embed(torch.tensor([token])), torch.tensor([n + 1 + i]))
         return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
@@ -238,7 +246,7 @@ class HeadDrafter:
         self.cache_positions = self.cache_positions[:length]
 
 
-def build(target: Any, directory: Path, min_confidence: float = 0.0) -> HeadDrafter:
+def build(target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> HeadDrafter:
     """A head drafter for ``target`` from a weights directory (checked against the target)."""
     net, shared = weights.load_net(
         directory,

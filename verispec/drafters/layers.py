@@ -23,6 +23,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from verispec.accept import sample_index
 from verispec.sampling import SamplingParams, final_distribution
 
 
@@ -133,11 +134,6 @@ def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, wind
     return (back >= 0) & (back < window)
 
 
-# A trained drafter stops drafting where its confidence (``SharedTarget.distribution``) falls
-# below this (drafter option ``min_confidence``; 0 drafts whatever k asks).
-DEFAULT_MIN_CONFIDENCE = 0.0
-
-
 class SharedTarget:
     """The target's frozen token embeddings and the draft vocabulary's rows of its LM head.
 
@@ -152,7 +148,6 @@ class SharedTarget:
         self.vocab_size = int(lm_head.shape[0])
         self.head = lm_head.detach().cpu()[self.vocab_ids].to(torch.float32)
         self.head_bf16 = self.head.to(torch.bfloat16)  # drafting's copy (``distribution``)
-        self._ids = self.vocab_ids.numpy()
         # For training: the draft-vocabulary index of each token id, -100 (ignored) outside it.
         self.label_index = torch.full((self.vocab_size,), -100, dtype=torch.long)
         self.label_index[self.vocab_ids] = torch.arange(len(self.vocab_ids))
@@ -186,8 +181,25 @@ class SharedTarget:
         confidence = float(1.0 / np.exp(logits - logits.max()).sum())
         if params.penalised:
             full = np.full(self.vocab_size, -np.inf)
-            full[self._ids] = logits
+            full[self.vocab_ids.numpy()] = logits
             return final_distribution(full, params, prompt, history), confidence
         row = np.zeros(self.vocab_size)
-        row[self._ids] = final_distribution(logits, params)
+        row[self.vocab_ids.numpy()] = final_distribution(logits, params)
         return row, confidence
+
+    def draw(
+        self,
+        hidden: torch.Tensor,
+        params: SamplingParams,
+        prompt: Sequence[int],
+        history: Sequence[int],
+        uniform: float,
+        min_confidence: float,
+    ) -> tuple[int, NDArray[np.float64]] | None:
+        """One drafted position: the token drawn by ``uniform`` from ``distribution``'s row,
+        and that row (q); None where the confidence is below ``min_confidence`` (the drafter
+        stops there: this draft and the ones after it would rarely be kept)."""
+        row, confidence = self.distribution(hidden, params, prompt, history)
+        if confidence < min_confidence:
+            return None
+        return sample_index(row, uniform), row
