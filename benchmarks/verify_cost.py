@@ -6,6 +6,11 @@ Loads the model once per configuration, builds a cache of ``--context`` tokens, 
 machine drift hits all alike) and reports medians.
 
     .venv/bin/python benchmarks/verify_cost.py --configs float32:exact bfloat16:exact float32:stock
+
+A configuration ``llama.cpp`` times the llama.cpp backend on the embedded GGUF file, and
+``llama.cpp:PATH`` on another GGUF file (another quantisation type, say):
+
+    .venv/bin/python benchmarks/verify_cost.py --configs llama.cpp llama.cpp:/tmp/q4_0.gguf
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import statistics
 import time
 
 from verispec import models
+from verispec.targets.base import Target
 from verispec.targets.torch_target import TorchTarget, parse_dtype
 
 
@@ -29,15 +35,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
-    targets = {}
+    text = "The history of the city begins with a small settlement on the river. " * 20
+    ids = models.tokenizer_for(models.resolve(args.model))(text)["input_ids"][: args.context]
+    targets: dict[str, Target] = {}
     for config in args.configs:
-        dtype_name, _, mode = config.partition(":")
-        loaded = models.load(args.model, dtype=parse_dtype(dtype_name, "cpu"))
-        target = TorchTarget(loaded.model, name=config, exact=mode == "exact")
-        ids = loaded.tokenizer("The history of the city begins with a small settlement on the river. " * 20)[
-            "input_ids"
-        ]
-        target.prefill(ids[: args.context])
+        kind, _, rest = config.partition(":")
+        target: Target
+        if kind == "llama.cpp":
+            from verispec.targets.llamacpp import LlamaCppTarget
+
+            path = rest or (args.model if args.model else str(models.embedded_gguf_path()))
+            target = LlamaCppTarget(path, name=config)
+        else:
+            loaded = models.load(args.model, dtype=parse_dtype(kind, "cpu"))
+            target = TorchTarget(loaded.model, name=config, exact=rest == "exact")
+        target.prefill(ids)
         targets[config] = target
     times: dict[tuple[str, int], list[float]] = {(c, m): [] for c in targets for m in args.rows}
     for repeat in range(args.repeats + 3):

@@ -38,6 +38,7 @@ ROW_SUM_TOL = 1e-5
 # distribution by at most this much.
 RESIDUAL_FLOOR = 1e-9
 UNIFORMS_PER_POSITION = 2
+SPARSE_SHARE = 8  # a row with mass on under 1/8 of the vocabulary is searched over its support
 
 
 class RuleInputError(ValueError):
@@ -151,6 +152,19 @@ def sample_index(weights: Row, u: float) -> int:
     Never returns an index of zero weight: ``cdf[i] > u * total >= cdf[i - 1]`` forces
     ``weights[i] > 0``.
     """
+    support = int(np.count_nonzero(weights))
+    if support == 1:  # a point mass (greedy): its token, whatever u
+        return int(np.argmax(weights))
+    if support * SPARSE_SHARE < weights.shape[0]:
+        # A sparse row (top-k, a residual of one): the draw over its support alone. The
+        # running sums there are the dense ones (adding an exact 0.0 changes no float),
+        # without the pass over the zeros.
+        ids = np.flatnonzero(weights)
+        return int(ids[_inverse_cdf(weights[ids], u)])
+    return _inverse_cdf(weights, u)
+
+
+def _inverse_cdf(weights: Row, u: float) -> int:
     cdf = np.cumsum(weights)
     index = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
     if index >= cdf.shape[0]:  # u * total rounded up to total: take the last token with mass

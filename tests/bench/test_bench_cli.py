@@ -71,6 +71,21 @@ def test_bench_writes_json_plots_and_table_and_redraws(tiny_dir, prompt_file, tm
     assert unknown.returncode == 2 and "--baseline 'turbo' is not a configuration of this run" in unknown.stderr
 
 
+def test_two_trainings_of_a_drafter_compare_in_one_run(tiny_dir, tiny_drafters, prompt_file, tmp_path):
+    # The tiny drafters' directory holds head/ and block/: the same kind with two weights.
+    both, head = str(tiny_drafters["head"].parent), str(tiny_drafters["head"])
+    configs = [f"head:weights={both},k=3", f"head:weights={head},confidence=0.2", f"block:weights={both}"]
+    args = ["--model", str(tiny_dir), "--dtype", "float32", "--prompts", str(prompt_file), "--max-tokens", "16"]
+    done = run(*args, "--per-category", "1", "--configs", *configs, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    records = json.loads((tmp_path / "out" / "results.json").read_text())["records"]
+    plain = {r["prompt_index"]: r["token_ids"] for r in records if r["config"] == "none"}
+    for config in configs:
+        ran = [r for r in records if r["config"] == config]
+        assert len(ran) == 2 and all(r["token_ids"] == plain[r["prompt_index"]] for r in ran)
+        assert sum(r["stats"]["offered"] for r in ran) > 0  # the trained weights were loaded and drafted
+
+
 @pytest.mark.parametrize(
     ("setup", "args", "message"),
     [
@@ -80,6 +95,7 @@ def test_bench_writes_json_plots_and_table_and_redraws(tiny_dir, prompt_file, tm
         ("bad-line", [], ":2: not a Spec-Bench record"),
         ("good", ["--configs", "turbo"], "unknown configuration 'turbo'"),
         ("good", ["--configs", "head:confidence=1.5"], "min_confidence must be a number in [0, 1], got '1.5'"),
+        ("good", ["--configs", "head:weights=/no/such/dir"], "weights '/no/such/dir' is not a directory"),
         ("empty", [], "holds no prompts"),
     ],
 )

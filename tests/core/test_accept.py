@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from verispec.accept import (
     RuleInputError,
@@ -78,6 +80,26 @@ def test_sample_index_never_picks_zero_weight():
         assert weights[sample_index(weights, u)] > 0
     assert sample_index(weights, 0.0) == 1
     assert sample_index(weights, np.nextafter(1.0, 0.0)) == 3
+
+
+def dense_draw(weights, u):
+    cdf = np.cumsum(weights)
+    index = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return index if index < len(weights) else int(np.flatnonzero(weights)[-1])
+
+
+@given(
+    support=st.lists(st.integers(0, 199), min_size=1, max_size=40, unique=True),
+    masses=st.lists(st.floats(1e-12, 1.0), min_size=40, max_size=40),
+    u=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_sparse_and_point_mass_rows_draw_what_the_dense_search_draws(support, masses, u):
+    # Rows with mass on few tokens (greedy's one-hot, top-k, residuals) are searched over their
+    # support alone; the token must be the one the inverse CDF over all 200 entries gives.
+    weights = np.zeros(200)
+    weights[support] = masses[: len(support)]
+    for value in (u, np.nextafter(1.0, 0.0)):
+        assert sample_index(weights, value) == dense_draw(weights, value)
 
 
 def test_chain_stops_at_first_rejection_in_the_middle():

@@ -155,12 +155,30 @@ def test_rows_sum_to_one_and_neg_inf_is_zero():
     assert probs.sum() == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_nan_and_inf_logits_are_refused(bad):
-    logits = np.array([0.0, bad, 1.0])
-    for params in (SamplingParams(temperature=0), SamplingParams()):
+def test_nan_and_inf_logits_are_refused(bad, dtype):
+    logits = np.array([0.0, bad, 1.0], dtype=dtype)
+    for params in (SamplingParams(temperature=0), SamplingParams(), SamplingParams(temperature=0, presence_penalty=1)):
         with pytest.raises(NonFiniteLogitsError):
             final_distribution(logits, params)
+
+
+def test_greedy_reads_float32_logits_as_float64_would():
+    # Greedy without penalties reads float32 logits as given: same one-hot rows (ties to the
+    # lowest id) as from their float64 copy, float64 out, the input left untouched.
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((4, 300)).astype(np.float32)
+    logits[2, [7, 90]] = logits[2].max() + 1.0  # a tie
+    logits[3, :] = -np.inf
+    logits[3, 5] = 0.0
+    before = logits.copy()
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=0, repetition_penalty=1.3)):
+        fast = final_distributions(logits, params, [1, 2], [7], [4, 9, 1])
+        slow = final_distributions(logits.astype(np.float64), params, [1, 2], [7], [4, 9, 1])
+        assert fast.dtype == np.float64 and np.array_equal(fast, slow)
+    assert np.argmax(final_distributions(logits, SamplingParams(temperature=0), [], [], [0, 0, 0])[2]) == 7
+    assert np.array_equal(logits, before)
 
 
 def test_all_neg_inf_is_refused():

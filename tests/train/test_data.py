@@ -45,3 +45,31 @@ def test_second_turns_change_the_key_and_first_turns_only_keep_the_old_one():
     before = hashlib.sha256(text.encode()).hexdigest()[:16]
     assert data.DataSettings(tokens=100).key("a") == before
     assert data.DataSettings(tokens=100, second_turns=0.5).key("a") != before
+
+
+def test_sequences_that_quote_a_response_are_grouped_and_stock_phrases_link_nothing():
+    rng = torch.Generator().manual_seed(0)
+
+    def fresh(n):  # tokens no other sequence holds
+        return (torch.randint(1000, 10**6, (n,), generator=rng)).tolist()
+
+    answer = fresh(30)
+    stock = fresh(20)  # a phrase many responses end with
+    sequences = [
+        (fresh(5), answer),  # 0: a first answer
+        ([*fresh(4), *answer[3:25], *fresh(3)], fresh(20)),  # 1: quotes 22 tokens of it
+        (fresh(5), [*fresh(10), *answer[:16]]),  # 2: writes 16 tokens of it again (a continuation)
+        (fresh(5), fresh(30)),  # 3: unrelated
+        (fresh(5), [*fresh(10), *answer[:15]]),  # 4: 15 tokens: below the run length
+    ]
+    sequences += [(fresh(5), [*fresh(12), *stock]) for _ in range(data.QUOTE_COMMON + 1)]  # 5..13
+    groups = data.quote_groups(data.Corpus.from_sequences(sequences)).tolist()
+    assert groups[0] == groups[1] == groups[2]
+    assert len({groups[0], groups[3], groups[4], *groups[5:]}) == 2 + len(sequences) - 4
+    # With one sequence fewer the phrase is no longer common: it links its sequences.
+    fewer = data.quote_groups(data.Corpus.from_sequences(sequences[:-1])).tolist()
+    assert len(set(fewer[5:])) == 1 and fewer[5] not in {fewer[0], fewer[3]}
+    # A prompt holding a run of no response links nothing: prompts share chat templates.
+    template = fresh(20)
+    alike = data.quote_groups(data.Corpus.from_sequences([(template, fresh(8)), (template, fresh(8))])).tolist()
+    assert alike[0] != alike[1]

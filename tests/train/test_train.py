@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from tests import tiny
@@ -102,7 +103,16 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
     assert "wrote" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option, value", [("--steps", "0"), ("--second-turns", "1.5"), ("--second-turns", "-0.1")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--steps", "0"),
+        ("--second-turns", "1.5"),
+        ("--second-turns", "-0.1"),
+        ("--holdout", "1.5"),
+        ("--patience", "2"),
+    ],
+)
 def test_bad_settings_are_refused_with_a_message(option, value, tiny_dir, tmp_path, capsys):
     code = main(["train-drafter", "--target", str(tiny_dir), "--kind", "block", "--out", str(tmp_path), option, value])
     assert code == 2
@@ -149,3 +159,49 @@ def test_second_turns_are_written_on_the_targets_own_answers(tiny_dir, tmp_path)
     assert answers and quoting
     second = sum(len(r) for p, r in sequences if any(contains(p, a) for a in answers))
     assert 0.3 < second / summary["data"]["response_tokens"] < 0.7, second
+
+
+def test_a_held_out_split_is_validated_and_its_best_weights_written(tiny_dir, tiny_train_data, tmp_path):
+    from verispec.train import data
+    from verispec.train.objectives import _Sampler
+    from verispec.train.pipeline import held_out_sequences
+
+    summary = tiny.train_tiny_drafter(
+        "head", tiny_dir, tmp_path / "head", tiny_train_data, steps=60, checkpoint_every=20, holdout=0.25
+    )
+    curves = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert [v["step"] for v in curves["validations"]] == [20, 40, 60]
+    best = min(curves["validations"], key=lambda v: v["loss"])
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["training"]["validation"] == best == summary["validation"]
+    (path,) = tiny_train_data.glob("sequences-*.safetensors")
+    corpus = data.load_corpus(path, path.stem.split("-", 1)[1])
+    assert corpus is not None
+    count = len(corpus.lengths)
+    groups = data.quote_groups(corpus)
+    held = held_out_sequences(groups, 0.25, seed=0)
+    assert held is not None and int(held.sum()) == summary["held_out_sequences"]
+    assert round(0.25 * count) <= int(held.sum()) < count
+    assert held.equal(held_out_sequences(groups, 0.25, seed=0))  # reproducible from the seed
+    # Whole groups: no held-out response is quoted by, or quotes, a trained sequence.
+    assert not set(groups[held].tolist()) & set(groups[~held].tolist())
+    # Training draws only from the other sequences, validation only from these.
+    train_positions = _Sampler(corpus, 24, 0, ~held).labelled
+    held_positions = _Sampler(corpus, 24, 1, held).labelled
+    sequence = corpus.sequence_of()
+    assert not held[sequence[train_positions]].any() and held[sequence[held_positions]].all()
+    assert held_out_sequences(groups, 0.0, seed=0) is None
+    with pytest.raises(TrainError, match="at least 2 unlinked groups"):
+        held_out_sequences(torch.zeros(count, dtype=torch.long), 0.25, seed=0)
+
+
+def test_runs_without_a_holdout_keep_the_run_key_of_the_shipped_weights():
+    from verispec.train.data import DataSettings
+    from verispec.train.pipeline import NetSettings, TrainSettings, _run_key
+
+    data_settings = DataSettings(tokens=400000, max_new_tokens=256, batch_size=64, second_turns=0.5)
+    shipped = TrainSettings(steps=3000, items=12, span=64, bf16=True)
+    # The key this run had before --holdout and --patience existed: a rerun resumes its checkpoint.
+    assert _run_key("head", "ab" * 32, data_settings, NetSettings(), shipped) == "4be64721ae4d58a9"
+    held = TrainSettings(steps=3000, items=12, span=64, bf16=True, holdout=0.05)
+    assert _run_key("head", "ab" * 32, data_settings, NetSettings(), held) != "4be64721ae4d58a9"

@@ -9,8 +9,10 @@ NAME is a verispec drafter (``none``, ``lookup``, ``model``, ...) or a peer base
 
 Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a number), ``dtype``,
 ``backend`` (torch or llama.cpp), ``exact`` (on or off; torch), ``confidence`` (the trained
-drafters' ``min_confidence``: stop drafting below it).
-Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``lookup:k=auto,dtype=float32``,
+drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained drafters'
+weights directory, as ``--drafter-weights``: two trainings compared in one run).
+Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
+``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``hf-prompt-lookup:n=10``.
 
 The baseline of every speed-up is ``none`` with no options (verispec's own plain decoding on
@@ -20,12 +22,13 @@ the default backend); it is added when not listed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from verispec.drafters.base import DrafterError, check_confidence
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype", "backend", "exact", "confidence"}
+VERISPEC_OPTIONS = {"k", "dtype", "backend", "exact", "confidence", "weights"}
 PEER_OPTIONS = {"n", "dtype"}
 
 
@@ -62,9 +65,14 @@ class BenchConfig:
 
     def drafter_options(self) -> dict[str, object]:
         """Keyword arguments of ``Engine.drafter`` this configuration asks for."""
-        if "confidence" not in self.options:
-            return {}
-        return {"min_confidence": check_confidence(self.options["confidence"])}
+        options: dict[str, object] = {}
+        if "confidence" in self.options:
+            options["min_confidence"] = check_confidence(self.options["confidence"])
+        if "weights" in self.options:
+            if not Path(self.options["weights"]).is_dir():
+                raise BenchConfigError(f"{self.label}: weights {self.options['weights']!r} is not a directory")
+            options["drafter_weights"] = self.options["weights"]
+        return options
 
     def k_option(self, default: int | str) -> int | str:
         """Drafts per round: "auto" (the economics governor) or a fixed number."""

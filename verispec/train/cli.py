@@ -51,7 +51,17 @@ def add_train_parser(commands: Any) -> None:
     fit.add_argument("--span", type=int, default=48, help="positions (head) or anchors (block) per item")
     fit.add_argument("--unroll", type=int, default=2, help="head: steps of feeding its own output back")
     fit.add_argument("--lr", type=float, default=1e-3)
-    fit.add_argument("--checkpoint-every", type=int, default=100)
+    fit.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (and validations)")
+    fit.add_argument(
+        "--holdout",
+        type=float,
+        default=0.0,
+        help="share of the responses held out: scored at every checkpoint, and the weights of the best "
+        "score are the ones written (early stopping); 0: none",
+    )
+    fit.add_argument(
+        "--patience", type=int, default=0, help="stop after this many validations without a new best (0: never)"
+    )
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: where native)"
@@ -101,6 +111,8 @@ def run_train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
         bf16=bf16,
+        holdout=args.holdout,
+        patience=args.patience,
     )
     columns = (
         TextColumn("{task.description}"),
@@ -161,10 +173,17 @@ def run_train(args: argparse.Namespace) -> int:
     console.print(
         f"wrote {args.out}: {summary['parameters']:,} parameters; data {data['sequences']} responses, "
         f"{data['response_tokens']:,} tokens ({summary['data_seconds']:.0f} s, draft vocabulary covers "
-        f"{summary['draft_vocab_coverage']:.1%}); training {args.steps} steps in {summary['train_seconds']:.0f} s"
+        f"{summary['draft_vocab_coverage']:.1%}); training {summary['steps_run']} steps "
+        f"in {summary['train_seconds']:.0f} s"
         + (f" (resumed at step {summary['resumed_from_step']})" if summary["resumed_from_step"] else "")
         + f"; final loss {summary['final_loss']:.3f}, "
         f"first-draft accuracy {summary['final_first_draft_accuracy']:.2f}; total {time.perf_counter() - start:.0f} s"
     )
+    best = summary.get("validation")
+    if best is not None:
+        console.print(
+            f"held out {summary['held_out_sequences']} responses: best at step {best['step']} (loss "
+            f"{best['loss']:.3f}, first-draft accuracy {best['accuracy']:.2f}); its weights were written"
+        )
     console.print(f"[dim]command: verispec {shlex.join(sys.argv[1:])}[/dim]")
     return 0

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 Progress = Callable[[int, int], None]  # (done, total)
@@ -73,6 +74,51 @@ class Corpus:
     def sequence_of(self) -> torch.Tensor:
         """(P,) the index of the sequence each position belongs to."""
         return torch.repeat_interleave(torch.arange(len(self.lengths)), self.lengths)
+
+
+QUOTE_RUN = 16  # tokens in a row that two sequences must share to count as one quoting the other
+QUOTE_COMMON = 8  # a run found in more sequences than this is a stock phrase, not a quote
+
+
+def quote_groups(corpus: Corpus, run: int = QUOTE_RUN, common: int = QUOTE_COMMON) -> torch.Tensor:
+    """(S,) a group id per sequence: sequences that share a run of ``run`` tokens written in
+    a response (a second turn quoting or continuing a first answer, and that answer) are in
+    one group, transitively. A run shared by more than ``common`` sequences is a stock phrase
+    and links nothing. A held-out split by whole groups keeps every response on one side."""
+    count = len(corpus.lengths)
+    tokens = corpus.tokens.numpy().astype(np.uint64)
+    windows = len(tokens) - run + 1
+    if windows <= 0:
+        return torch.arange(count)
+    sequence = corpus.sequence_of().numpy()
+    hashes = np.zeros(windows, dtype=np.uint64)
+    with np.errstate(over="ignore"):  # a polynomial hash modulo 2^64
+        for offset in range(run):
+            hashes = hashes * np.uint64(1_000_003) + tokens[offset : offset + windows] + np.uint64(1)
+    owner = sequence[:windows]
+    inside = owner == sequence[run - 1 :]
+    local = np.arange(windows) - corpus.starts.numpy()[owner]
+    written = inside & (local >= corpus.prompt_lengths.numpy()[owner])
+    keep = inside & np.isin(hashes, hashes[written])
+    pairs = np.unique(np.stack([hashes[keep], owner[keep].astype(np.uint64)]), axis=1)  # sorted by hash
+    starts = np.flatnonzero(np.r_[True, pairs[0, 1:] != pairs[0, :-1]])
+    sizes = np.diff(np.r_[starts, pairs.shape[1]])
+    linking = (sizes > 1) & (sizes <= common)
+    edges: set[tuple[int, int]] = set()
+    for start, size in zip(starts[linking], sizes[linking], strict=True):
+        members = pairs[1, start : start + size]
+        edges.update((int(members[0]), int(other)) for other in members[1:])
+    parent = list(range(count))
+
+    def root(node: int) -> int:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    for a, b in edges:
+        parent[root(a)] = root(b)
+    return torch.tensor([root(node) for node in range(count)], dtype=torch.long)
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:

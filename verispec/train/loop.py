@@ -6,6 +6,12 @@ key: a hash of everything that defines the run). A run started again with the sa
 from the checkpoint; since each step's batch comes from (seed, step) and the learning rate
 is a function of the step, the resumed run computes what the uninterrupted one would have.
 A checkpoint left by a different run is refused, not mixed in.
+
+Validation (optional): an objective over held-out sequences, scored at every checkpoint on
+the same fixed batches (so scores compare like with like). The weights with the lowest
+validation loss are kept (in the checkpoint too, so a resumed run keeps them) and are what
+the run returns: early stopping. With ``patience`` > 0 training also ends once that many
+validations in a row have not improved on the best.
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ class Schedule:
     lr: float = 1e-3
     warmup: int = 50
     weight_decay: float = 0.01
-    checkpoint_every: int = 100
+    checkpoint_every: int = 100  # also how often validation runs, when there is one
     bf16: bool = False  # autocast matmuls to bf16 (fast on CPUs with native bf16)
+    patience: int = 0  # validations without a new best before stopping; 0: run every step
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup:
@@ -61,10 +68,23 @@ class History:
     accuracies: list[float] = field(default_factory=list)
     seconds: float = 0.0
     resumed_from: int = 0
+    # One entry per validation: {"step", "loss", "accuracy"} (first-draft accuracy).
+    validations: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def step(self) -> int:
         return len(self.losses)
+
+    @property
+    def best(self) -> dict[str, float] | None:
+        """The validation with the lowest loss (the first of equals), None without validation."""
+        return min(self.validations, key=lambda v: v["loss"]) if self.validations else None
+
+    def patience_spent(self, patience: int) -> bool:
+        best = self.best
+        if patience <= 0 or best is None:
+            return False
+        return sum(1 for v in self.validations if v["step"] > best["step"]) >= patience
 
 
 StepCallback = Callable[[int, float, float], None]  # (steps done, loss, first-draft accuracy)
@@ -77,14 +97,19 @@ def run(
     out: Path,
     run_key: str,
     on_step: StepCallback | None = None,
+    validation: Objective | None = None,
+    validation_batches: int = 16,
 ) -> History:
-    """Train ``net`` for ``schedule.steps`` steps, resuming from OUT/checkpoint when present."""
+    """Train ``net`` for ``schedule.steps`` steps, resuming from OUT/checkpoint when present.
+    With ``validation``, ``net`` ends with the weights of the best validation (see above)."""
     parameters = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=schedule.lr, weight_decay=schedule.weight_decay)
     checkpoint = out / CHECKPOINT_DIR
-    history = _resume(checkpoint, run_key, net, optimizer)
+    history, best_weights = _resume(checkpoint, run_key, net, optimizer)
     started = time.perf_counter() - history.seconds
     for step in range(history.step, schedule.steps):
+        if history.patience_spent(schedule.patience):
+            break
         for group in optimizer.param_groups:
             group["lr"] = schedule.lr_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=schedule.bf16):
@@ -98,27 +123,57 @@ def run(
         history.seconds = time.perf_counter() - started
         done = step + 1
         if done % schedule.checkpoint_every == 0 or done == schedule.steps:
-            _save(checkpoint, run_key, net, optimizer, history)
+            if validation is not None:
+                history.validations.append({"step": done, **_validate(net, validation, validation_batches, schedule)})
+                if history.best is history.validations[-1]:
+                    best_weights = {name: t.detach().clone() for name, t in net.state_dict().items()}
+            _save(checkpoint, run_key, net, optimizer, history, best_weights)
             plot_loss(history, out / "loss.png")
         if on_step is not None:
             on_step(done, history.losses[-1], result.accuracy)
+    if best_weights:
+        net.load_state_dict(best_weights)
     return history
+
+
+def _validate(net: nn.Module, validation: Objective, batches: int, schedule: Schedule) -> dict[str, float]:
+    """Mean loss and first-draft accuracy over the validation's first ``batches`` batches
+    (always the same ones: batch i is drawn from the validation's seed and i)."""
+    net.eval()
+    losses, accuracies = [], []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=schedule.bf16):
+        for index in range(batches):
+            result = validation.step(index)
+            losses.append(result.loss.item())
+            accuracies.append(result.accuracy)
+    net.train()
+    return {"loss": sum(losses) / batches, "accuracy": sum(accuracies) / batches}
 
 
 def remove_checkpoint(out: Path) -> None:
     shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
 
 
-def _save(directory: Path, run_key: str, net: nn.Module, optimizer: torch.optim.Optimizer, history: History) -> None:
+def _save(
+    directory: Path,
+    run_key: str,
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    history: History,
+    best_weights: dict[str, torch.Tensor],
+) -> None:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {f"net.{name}": t.detach().clone() for name, t in net.state_dict().items()}
+    tensors.update({f"best.{name}": t for name, t in best_weights.items()})
     for index, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
             tensors[f"opt.{index}.{name}"] = torch.as_tensor(value).clone()
     progress = {"run": run_key, "step": history.step, "losses": history.losses}
     progress.update({"accuracies": history.accuracies, "seconds": history.seconds})
+    if history.validations:
+        progress["validations"] = history.validations
     # One file, tensors and progress together, replaced atomically: a run killed while
     # saving resumes from the previous checkpoint, never from a mixed one.
     staging = directory / "state.partial"
@@ -126,13 +181,17 @@ def _save(directory: Path, run_key: str, net: nn.Module, optimizer: torch.optim.
     staging.replace(directory / CHECKPOINT_FILE)
 
 
-def _resume(directory: Path, run_key: str, net: nn.Module, optimizer: torch.optim.Optimizer) -> History:
+def _resume(
+    directory: Path, run_key: str, net: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[History, dict[str, torch.Tensor]]:
+    """The progress saved in ``directory`` (loaded into ``net`` and ``optimizer``) and the
+    best validation's weights; a fresh History and {} when there is no checkpoint."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
     path = directory / CHECKPOINT_FILE
     if not path.is_file():
-        return History()
+        return History(), {}
     with safe_open(str(path), framework="pt") as handle:
         progress = json.loads((handle.metadata() or {}).get("progress", "{}"))
     if progress.get("run") != run_key:
@@ -151,8 +210,10 @@ def _resume(directory: Path, run_key: str, net: nn.Module, optimizer: torch.opti
     saved["state"] = state
     optimizer.load_state_dict(saved)
     history = History(list(progress["losses"]), list(progress["accuracies"]), float(progress["seconds"]))
+    history.validations = list(progress.get("validations", []))
     history.resumed_from = history.step
-    return history
+    best_weights = {name[5:]: t for name, t in tensors.items() if name.startswith("best.")}
+    return history, best_weights
 
 
 def plot_loss(history: History, path: Path) -> None:
@@ -170,6 +231,12 @@ def plot_loss(history: History, path: Path) -> None:
         kernel = torch.ones(width) / width
         smooth = torch.conv1d(torch.tensor(history.losses).view(1, 1, -1), kernel.view(1, 1, -1)).flatten()
         axis.plot(range(width, history.step + 1), smooth.tolist(), color="tab:blue", label=f"mean of {width}")
+    if history.validations:
+        steps_seen = [v["step"] for v in history.validations]
+        axis.plot(steps_seen, [v["loss"] for v in history.validations], "o-", color="tab:orange", label="held out")
+        best = history.best
+        assert best is not None
+        axis.axvline(best["step"], color="tab:orange", alpha=0.4, linestyle="--", label=f"best, step {best['step']}")
     axis.set_xlabel("step")
     axis.set_ylabel("cross-entropy (nats)")
     axis.grid(alpha=0.3)

@@ -35,15 +35,18 @@ class StepResult:
 
 
 class _Sampler:
-    """Draws item start positions: uniform over positions whose next token is a response token."""
+    """Draws item start positions: uniform over positions whose next token is a response
+    token, in the sequences ``use`` marks ((S,) bool; None: all of them)."""
 
-    def __init__(self, corpus: Corpus, span: int, seed: int) -> None:
+    def __init__(self, corpus: Corpus, span: int, seed: int, use: torch.Tensor | None = None) -> None:
         self.corpus, self.span, self.seed = corpus, span, seed
         sequence = corpus.sequence_of()
         position = torch.arange(len(corpus.tokens))
         local = position - corpus.starts[sequence]
         # t predicts t + 1: t + 1 inside the response, and t >= 1 (a feature at t - 1 exists).
         labelled = (local + 1 >= corpus.prompt_lengths[sequence]) & (local + 1 < corpus.lengths[sequence])
+        if use is not None:
+            labelled &= use[sequence]
         self.labelled = torch.nonzero(labelled & (local >= 1)).flatten()
         if len(self.labelled) == 0:
             raise ValueError("the corpus has no response positions to train on")
@@ -72,7 +75,15 @@ class HeadObjective:
     """Teacher-forced head with ``unroll`` steps of feeding its own outputs back."""
 
     def __init__(
-        self, net: HeadNet, shared: SharedTarget, corpus: Corpus, items: int, span: int, unroll: int, seed: int
+        self,
+        net: HeadNet,
+        shared: SharedTarget,
+        corpus: Corpus,
+        items: int,
+        span: int,
+        unroll: int,
+        seed: int,
+        use: torch.Tensor | None = None,
     ) -> None:
         if corpus.hidden is None:
             raise ValueError("the corpus has no hidden states")
@@ -80,7 +91,7 @@ class HeadObjective:
         # Chunks at least as long as the attention window: drafting attends that far back,
         # so training must have shown the head such distances.
         self.items, self.span, self.unroll = items, max(span, net.config.window), max(1, unroll)
-        self.sampler = _Sampler(corpus, self.span, seed)
+        self.sampler = _Sampler(corpus, self.span, seed, use)
 
     def step(self, step: int) -> StepResult:
         corpus = self.corpus
@@ -117,12 +128,21 @@ class HeadObjective:
 class BlockObjective:
     """Each anchor's block of mask slots predicts the tokens after it, in one pass."""
 
-    def __init__(self, net: BlockNet, shared: SharedTarget, corpus: Corpus, items: int, span: int, seed: int) -> None:
+    def __init__(
+        self,
+        net: BlockNet,
+        shared: SharedTarget,
+        corpus: Corpus,
+        items: int,
+        span: int,
+        seed: int,
+        use: torch.Tensor | None = None,
+    ) -> None:
         if corpus.hidden is None:
             raise ValueError("the corpus has no hidden states")
         self.net, self.shared, self.corpus = net, shared, corpus
         self.items, self.span = items, span
-        self.sampler = _Sampler(corpus, span, seed)
+        self.sampler = _Sampler(corpus, span, seed, use)
         slots = net.config.block_size - 1
         self.slot_weights = BLOCK_SLOT_DECAY ** torch.arange(slots, dtype=torch.float32)
 

@@ -59,6 +59,14 @@ class TrainSettings:
     checkpoint_every: int = 100
     seed: int = 0
     bf16: bool = False
+    holdout: float = 0.0  # share of the sequences held out for validation and early stopping
+    patience: int = 0  # validations without improvement before stopping (needs holdout)
+
+
+# Settings added after weights were shipped: left out of the run key at their defaults, so
+# the runs that made those weights keep their key (and resume as they did).
+_LATER_SETTINGS = {"holdout": 0.0, "patience": 0}
+VALIDATION_BATCHES = 16  # batches of held-out items scored at every checkpoint
 
 
 def _quiet_stage(description: str, total: int) -> Callable[[int, str], None]:
@@ -119,27 +127,27 @@ def train_drafter(
         return {"data": data_summary, "data_seconds": round(data_seconds, 1), "draft_vocab_coverage": coverage}
     net, net_config = build_net(kind, net_settings, target.hidden_size, layers, vocab_ids)
     shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), vocab_ids)
-    objective: loop.Objective
-    if kind == "head":
-        assert isinstance(net, HeadNet)
-        objective = objectives.HeadObjective(
-            net, shared, corpus, train_settings.items, train_settings.span, train_settings.unroll, train_settings.seed
-        )
-    else:
-        assert isinstance(net, BlockNet)
-        objective = objectives.BlockObjective(
-            net, shared, corpus, train_settings.items, train_settings.span, train_settings.seed
-        )
+    held_out = None
+    if train_settings.holdout:
+        held_out = held_out_sequences(data.quote_groups(corpus), train_settings.holdout, train_settings.seed)
+    objective = _objective(
+        kind, net, shared, corpus, train_settings, train_settings.seed, None if held_out is None else ~held_out
+    )
+    validation = None
+    if held_out is not None:
+        # Another seed than training's, so its batches are not the training batches' twins.
+        validation = _objective(kind, net, shared, corpus, train_settings, train_settings.seed + 1, held_out)
     schedule = loop.Schedule(
         train_settings.steps,
         train_settings.lr,
         train_settings.warmup,
         checkpoint_every=train_settings.checkpoint_every,
         bf16=train_settings.bf16,
+        patience=train_settings.patience,
     )
     run_key = _run_key(kind, fingerprint, data_settings, net_settings, train_settings)
     net.train()
-    history = loop.run(net, objective, schedule, out, run_key, on_step)
+    history = loop.run(net, objective, schedule, out, run_key, on_step, validation, VALIDATION_BATCHES)
     net.eval()
 
     training = {
@@ -149,14 +157,21 @@ def train_drafter(
         "final_loss": _mean_tail(history.losses),
         "final_first_draft_accuracy": _mean_tail(history.accuracies),
         "train_seconds": round(history.seconds, 1),
+        "steps_run": history.step,
         "data_seconds": round(data_seconds, 1),
         "parameters": sum(p.numel() for p in net.parameters()),
         "prompts": "verispec.train.prompts (templates x topic words written in the code"
         + (", then second turns on the target's own answers)" if data_settings.second_turns else ")"),
     }
+    if held_out is not None:
+        training["held_out_sequences"] = int(held_out.sum())
+        training["validation"] = history.best  # the step whose weights these are
     weights.save(out, kind, net_config, net.state_dict(), identity, training)
     loop.plot_loss(history, out / "loss.png")
-    (out / "training.json").write_text(json.dumps({"losses": history.losses, "accuracies": history.accuracies}) + "\n")
+    curves: dict[str, Any] = {"losses": history.losses, "accuracies": history.accuracies}
+    if history.validations:
+        curves["validations"] = history.validations
+    (out / "training.json").write_text(json.dumps(curves) + "\n")
     loop.remove_checkpoint(out)
     training["total_seconds"] = round(time.perf_counter() - started, 1)
     training["resumed_from_step"] = history.resumed_from
@@ -179,6 +194,10 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
         problems.append(f"heads ({net.heads}) must be a multiple of kv heads ({net.kv_heads})")
     if not train.lr > 0:
         problems.append("--lr must be > 0")
+    if not 0.0 <= train.holdout < 1.0:
+        problems.append(f"--holdout is a share in [0, 1), got {train.holdout}")
+    if train.patience < 0 or (train.patience > 0 and not train.holdout):
+        problems.append("--patience must be >= 0 and needs --holdout > 0 (it counts held-out validations)")
     if problems:
         raise loop.TrainError("; ".join(problems))
 
@@ -228,6 +247,42 @@ def _corpus(
     return corpus, time.perf_counter() - start
 
 
+def held_out_sequences(groups: torch.Tensor, share: float, seed: int) -> torch.Tensor | None:
+    """(S,) bool: the sequences held out for validation, about ``share`` of them, as whole
+    groups (``groups``: (S,) ids from ``data.quote_groups``, so no held-out response is
+    quoted by, or quotes, a trained one) drawn in an order from the seed until the share is
+    reached; None when ``share`` is 0."""
+    if not share:
+        return None
+    count = len(groups)
+    ids = torch.unique(groups)
+    if len(ids) < 2:
+        raise loop.TrainError(f"--holdout needs at least 2 unlinked groups of responses, the corpus has {len(ids)}")
+    want = max(1, round(share * count))
+    mask = torch.zeros(count, dtype=torch.bool)
+    for index in np.random.default_rng([seed, 1]).permutation(len(ids))[:-1]:  # never every group
+        mask |= groups == ids[int(index)]
+        if int(mask.sum()) >= want:
+            break
+    return mask
+
+
+def _objective(
+    kind: str,
+    net: torch.nn.Module,
+    shared: SharedTarget,
+    corpus: data.Corpus,
+    settings: TrainSettings,
+    seed: int,
+    use: torch.Tensor | None,
+) -> loop.Objective:
+    if kind == "head":
+        assert isinstance(net, HeadNet)
+        return objectives.HeadObjective(net, shared, corpus, settings.items, settings.span, settings.unroll, seed, use)
+    assert isinstance(net, BlockNet)
+    return objectives.BlockObjective(net, shared, corpus, settings.items, settings.span, seed, use)
+
+
 def _feature_layers(kind: str, net: NetSettings, num_layers: int) -> tuple[int, ...]:
     if kind == "head":
         return (num_layers,)
@@ -275,7 +330,12 @@ def build_net(
 
 
 def _run_key(kind: str, fingerprint: str, *settings: Any) -> str:
-    text = json.dumps([kind, fingerprint, *(asdict(s) for s in settings)], sort_keys=True)
+    fields = [asdict(s) for s in settings]
+    for values in fields:
+        for name, default in _LATER_SETTINGS.items():
+            if name in values and values[name] == default:
+                del values[name]
+    text = json.dumps([kind, fingerprint, *fields], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
