@@ -53,6 +53,38 @@ def test_rollback_then_continue_equals_fresh_run(tiny_gguf):
         target.rollback(target.cached_tokens + 1)
 
 
+def test_a_prefill_reuses_the_prefix_a_finished_request_left(tiny_gguf):
+    target, fresh = LlamaCppTarget(tiny_gguf), LlamaCppTarget(tiny_gguf)
+    target.prefill(PROMPT)
+    target.verify(CONTINUATION[:5])
+    target.reset()
+    assert target.cached_tokens == 0
+    # A new request sharing the first 8 prompt tokens decodes only the rest.
+    other = [*PROMPT[:8], 40, 41, 42]
+    target.prefill(other)
+    assert target.reused_tokens == 8 and target.cached_tokens == len(other)
+    fresh.prefill(other)
+    assert fresh.reused_tokens == 0
+    reused, anew = target.verify([43, 44]), fresh.verify([43, 44])
+    np.testing.assert_array_equal(reused.argmax(-1), anew.argmax(-1))
+    np.testing.assert_allclose(reused, anew, atol=1e-4)
+    # A prompt that the memory holds whole, then one shorter: nothing is decoded twice, and
+    # what the memory held past the new prompt is not read.
+    target.reset()
+    target.prefill([*other, 43])
+    assert target.reused_tokens == len(other) + 1
+    target.prefill(other[:5])
+    assert target.reused_tokens == 5
+    fresh.prefill(other[:5])
+    np.testing.assert_allclose(target.verify([7, 8]), fresh.verify([7, 8]), atol=1e-4)
+    # The exact mode prefills afresh: rows computed as in plain decoding, whatever came before.
+    exact = LlamaCppTarget(tiny_gguf, exact=True)
+    exact.prefill(PROMPT)
+    exact.reset()
+    exact.prefill(PROMPT)
+    assert exact.reused_tokens == 0
+
+
 def test_context_is_enforced(tiny_gguf):
     target = LlamaCppTarget(tiny_gguf)
     target.prefill([i % 60 + 3 for i in range(250)])

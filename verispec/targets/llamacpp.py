@@ -12,6 +12,12 @@ for logits, read straight from llama.cpp's output buffer (only those rows are co
 rollback removes the rejected tail from the KV memory with ``llama_memory_seq_rm``. The
 model is read from the GGUF file as it is (the embedded model stays Q4_1, no conversion).
 
+Prefix reuse (fast mode): ``reset`` forgets the request but leaves its tokens in the KV
+memory, and the next ``prefill`` keeps the longest prefix it shares with them (a system
+prompt, an earlier turn of the same chat) and decodes only the rest, as llama.cpp's server
+and llama-cpp-python do. The kept positions were computed in another batch, so their
+rounding can differ from a fresh prefill's; the exact mode therefore always prefills afresh.
+
 The binding compiles llama.cpp from source at install time (about 6 to 9 minutes here);
 it is installed by ``make install`` as the ``llamacpp`` extra.
 """
@@ -107,7 +113,11 @@ class LlamaCppTarget:
         self._vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         self._eos = frozenset(t for t in range(self._vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
         self._batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
-        self._length = 0
+        self._length = 0  # positions of the current request
+        # Tokens whose K/V the memory holds, position by position: the current request's
+        # first ``_length``, then what a reset left for the next prefill to reuse.
+        self._held: list[int] = []
+        self.reused_tokens = 0  # by the last prefill
         # exact: verify one token per decode, so every row is a single step's. A verify of M
         # rows then costs M steps and speculation cannot pay; it exists to keep greedy
         # output identical to plain decoding for those who need that on this backend.
@@ -145,14 +155,23 @@ class LlamaCppTarget:
         return self._length
 
     def reset(self) -> None:
-        self._lib.llama_memory_clear(self._memory, True)
-        self._length = 0
+        if self.exact:
+            self._lib.llama_memory_clear(self._memory, True)
+            self._held = []
+        self._length = 0  # what the memory still holds stays in _held, for prefill to reuse
 
     def prefill(self, token_ids: Sequence[int]) -> None:
         self.reset()
         ids = list(token_ids)
-        for start in range(0, len(ids), BATCH):
+        kept = 0
+        for held, token in zip(self._held, ids, strict=False):
+            if held != token:
+                break
+            kept += 1
+        self._length = self.reused_tokens = kept
+        for start in range(kept, len(ids), BATCH):
             self._decode(ids[start : start + BATCH], logits=False)
+        self._forget_beyond(len(ids))
 
     def verify(self, token_ids: Sequence[int]) -> Logits:
         ids = list(token_ids)
@@ -176,12 +195,18 @@ class LlamaCppTarget:
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise TargetError(f"cannot roll back to {length}: the cache holds {self._length} positions")
-        if length < self._length:
+        self._forget_beyond(length)
+        self._length = length
+
+    def _forget_beyond(self, length: int) -> None:
+        """Remove positions ``length``.. from the memory."""
+        if len(self._held) > length:
             if not self._lib.llama_memory_seq_rm(self._memory, 0, length, -1):
                 raise TargetError(f"llama.cpp refused to remove positions {length}.. from its memory")
-            self._length = length
+            del self._held[length:]
 
     def _decode(self, ids: list[int], logits: bool) -> None:
+        self._forget_beyond(self._length)  # what a reset or prefill left past this request
         batch = self._batch
         batch.n_tokens = len(ids)
         for i, token in enumerate(ids):
@@ -192,5 +217,8 @@ class LlamaCppTarget:
             batch.logits[i] = logits
         code = self._lib.llama_decode(self._ctx, batch)
         if code != 0:
+            # A failed decode may have written part of the batch: trust nothing past the request.
+            self._lib.llama_memory_seq_rm(self._memory, 0, self._length, -1)
             raise TargetError(f"llama_decode failed with code {code}")
+        self._held.extend(ids)
         self._length += len(ids)
