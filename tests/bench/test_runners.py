@@ -21,3 +21,24 @@ def test_llamacpp_peers_run_past_n_batch_tokens(tmp_path, name):
     assert record.tokens == 32 == len(record.token_ids)
     plain = LlamaCppRunner(parse_config("llama.cpp", []), str(gguf), threads=2).run(prompt, 32, 0.0, 0)
     assert record.token_ids == plain.token_ids  # greedy: its drafting changes nothing here
+
+
+def test_every_run_starts_cold(tiny_gguf):
+    # A bench runs one prompt under several configurations through one engine: a llama.cpp
+    # target reusing the previous run's identical prompt would skip its prefill and look fast.
+    from tests import tiny
+    from verispec.bench.runners import VerispecRunner
+    from verispec.engine import Engine
+    from verispec.targets.llamacpp import LlamaCppTarget
+
+    engine = Engine(
+        LlamaCppTarget(tiny_gguf), tiny.char_tokenizer(), drafter_options={"draft_target": LlamaCppTarget(tiny_gguf)}
+    )
+    prompt = engine.encode("the cat sat on the mat")
+    runs = [VerispecRunner(parse_config(name, ["none", "model"]), engine, 3) for name in ("none", "model", "none")]
+    for runner in runs:
+        runner.run(prompt, 8, temperature=0.0, seed=0)
+        assert engine.target.reused_tokens == 0
+    # Outside the bench the same engine reuses the prompt it still holds.
+    engine.generate(prompt, drafter="none", max_tokens=4)
+    assert engine.target.reused_tokens == len(prompt) - 1

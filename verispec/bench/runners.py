@@ -65,6 +65,17 @@ class PeakMemory:
         self.peak = max(self.peak, self._process.memory_info().rss)
 
 
+def _start_cold(target: Any) -> None:
+    """Every run starts without a prompt prefix cached by an earlier one. llama.cpp targets
+    (verispec's and llama-cpp-python's) reuse the prefix a new prompt shares with the last
+    request; in a bench the last request through a shared engine is often the same prompt
+    under another configuration, which would skip its whole prefill. Cold starts for all
+    keep the runs comparable (prefix reuse itself is left to serving)."""
+    drop = getattr(target, "drop_cache", None)
+    if drop is not None:
+        drop()
+
+
 class VerispecRunner:
     def __init__(self, config: BenchConfig, engine: Any, default_k: int | str) -> None:
         self.config, self.engine = config, engine
@@ -72,6 +83,7 @@ class VerispecRunner:
         self.k = config.k_option(default_k)
 
     def run(self, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int) -> RunRecord:
+        _start_cold(self.engine.target)
         with PeakMemory() as memory:
             start = time.perf_counter()
             result = self.engine.generate(
@@ -145,6 +157,7 @@ class LlamaCppRunner:
 
     def run(self, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int) -> RunRecord:
         self.llm.set_seed(seed)
+        self.llm.reset()  # cold: no prefix of an earlier request reused (see _start_cold)
         eos = self.llm.token_eos()
         tokens: list[int] = []
         with PeakMemory() as memory:

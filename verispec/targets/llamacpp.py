@@ -156,9 +156,14 @@ class LlamaCppTarget:
 
     def reset(self) -> None:
         if self.exact:
-            self._lib.llama_memory_clear(self._memory, True)
-            self._held = []
+            self.drop_cache()
         self._length = 0  # what the memory still holds stays in _held, for prefill to reuse
+
+    def drop_cache(self) -> None:
+        """Reset and forget what a later prefill could reuse: the next request starts cold."""
+        self._lib.llama_memory_clear(self._memory, True)
+        self._held = []
+        self._length = 0
 
     def prefill(self, token_ids: Sequence[int]) -> None:
         self.reset()
