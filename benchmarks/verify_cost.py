@@ -7,9 +7,12 @@ machine drift hits all alike) and reports medians.
 
     .venv/bin/python benchmarks/verify_cost.py --configs float32:exact bfloat16:exact float32:stock
 
-A configuration ``llama.cpp`` times the llama.cpp backend on the embedded GGUF file, and
-``llama.cpp:PATH`` on another GGUF file (another quantisation type, say):
+A configuration ``native`` times verispec's native decoder with the file's own formats, and
+``native:WEIGHTS`` with ``--weights WEIGHTS`` (bf16, int8, int4); ``llama.cpp`` times the
+llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on another GGUF file
+(another quantisation type, say):
 
+    .venv/bin/python benchmarks/verify_cost.py --configs native native:int8 native:bf16 llama.cpp
     .venv/bin/python benchmarks/verify_cost.py --configs llama.cpp llama.cpp:/tmp/q4_0.gguf
 """
 
@@ -28,20 +31,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument(
-        "--configs", nargs="*", default=["float32:exact", "bfloat16:exact", "float32:stock", "bfloat16:stock"]
+        "--configs", nargs="*", default=["native", "llama.cpp", "native:int8", "native:bf16", "float32:exact"]
     )
     parser.add_argument("--rows", nargs="*", type=int, default=[1, 2, 3, 5, 9])
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
-    text = "The history of the city begins with a small settlement on the river. " * 20
-    ids = models.tokenizer_for(models.resolve(args.model))(text)["input_ids"][: args.context]
+    text = "The history of the city begins with a small settlement on the river. " * (args.context // 10 + 20)
+    source = models.resolve(args.model)
+    ids = models.tokenizer_for(source)(text)["input_ids"][: args.context]
     targets: dict[str, Target] = {}
     for config in args.configs:
         kind, _, rest = config.partition(":")
         target: Target
-        if kind == "llama.cpp":
+        if kind == "native":
+            from verispec.targets.native import NativeTarget
+
+            target = NativeTarget(source.kind, source.location, name=config, weights=rest or "auto")
+            print(f"{config}: {target.description}")
+        elif kind == "llama.cpp":
             from verispec.targets.llamacpp import LlamaCppTarget
 
             path = rest or (args.model if args.model else str(models.embedded_gguf_path()))

@@ -20,9 +20,26 @@ def draft_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_dir, draft_dir):
+    """The tiny target on the torch backend (transformers, exact rows)."""
     from verispec.api import load_engine
 
-    return load_engine(str(tiny_dir), dtype="float32", device="cpu", draft_model=str(draft_dir))
+    return load_engine(str(tiny_dir), backend="torch", dtype="float32", device="cpu", draft_model=str(draft_dir))
+
+
+@pytest.fixture(scope="session")
+def native_engine(tiny_dir, draft_dir):
+    """The tiny target on the native backend (its C++ kernels), the draft model too."""
+    from verispec.api import load_engine
+
+    engine = load_engine(str(tiny_dir), backend="native", draft_model=str(draft_dir))
+    assert engine.target.path == "kernels"
+    return engine
+
+
+@pytest.fixture(params=["tiny_engine", "native_engine"], ids=["torch", "native"])
+def either_engine(request):
+    """Each test using it runs on both backends that keep greedy output exact."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -104,7 +104,8 @@ def run_generate(args: argparse.Namespace) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     start = time.perf_counter()
     engine = load_engine(args.model, **model_options(args))  # type: ignore[arg-type]
-    err.print(f"[dim]loaded {engine.name} in {time.perf_counter() - start:.1f} s[/dim]")
+    description = getattr(engine.target, "description", engine.target.name)
+    err.print(f"[dim]loaded {engine.name} in {time.perf_counter() - start:.1f} s: {description}[/dim]")
     sampling = _sampling_kwargs(args)
     options = {"drafter": args.drafter, "k": args.k, "k_max": args.k_max, "chat": args.chat}
     if args.compare:  # warm both paths up so neither pays first-call costs in the timing

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -113,14 +114,67 @@ def load(spec: str | None, dtype: Any = None, device: str = "cpu") -> LoadedMode
 
 
 def tokenizer_for(source: ModelSource) -> Any:
-    """The tokenizer of a model without loading its weights into torch (for llama.cpp)."""
+    """The tokenizer of a model without loading its weights (native and llama.cpp backends).
+    A GGUF file's is built by transformers from the file once and kept in the cache."""
     from transformers import AutoTokenizer
 
-    location = str(converted_dir(Path(source.location))[0]) if source.kind == "gguf" else source.location
     try:
-        return AutoTokenizer.from_pretrained(location)
+        if source.kind == "gguf":
+            return AutoTokenizer.from_pretrained(str(gguf_tokenizer_dir(Path(source.location))))
+        return AutoTokenizer.from_pretrained(source.location)
     except (OSError, ValueError, TypeError) as error:
         raise ModelLoadError(f"model {source.name!r}: no usable tokenizer ({error})") from error
+
+
+def gguf_tokenizer_dir(gguf_path: Path) -> Path:
+    """The tokenizer files of a GGUF file, extracted on first use into the cache (keyed by
+    the file's path, size and modification time; building it from the file takes seconds)."""
+    from transformers import AutoTokenizer
+
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    target = cache_root() / "tokenizers" / key
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    check_transformers_reads(gguf_path)  # a clear error for a corrupt or unsupported file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as error:  # transformers raises many types for a bad file
+        raise ModelLoadError(f"{gguf_path}: no usable tokenizer ({error})") from error
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        if target.exists():  # a concurrent extraction finished first
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def eos_token_ids(source: ModelSource, tokenizer: Any) -> list[int]:
+    """Ids that end a sequence according to the tokenizer and, for a model directory, its
+    generation config (Llama 3 lists several there)."""
+    ids: set[int] = set()
+    candidates = [getattr(tokenizer, "eos_token_id", None)]
+    if source.kind == "dir":
+        path = Path(source.location) / "generation_config.json"
+        if path.is_file():
+            candidates.append(json.loads(path.read_text()).get("eos_token_id"))
+    for value in candidates:
+        if value is not None:
+            ids.update(value if isinstance(value, list) else [value])
+    return sorted(int(v) for v in ids)
+
+
+def directory_model_type(directory: Path) -> str | None:
+    """``model_type`` from a transformers directory's config.json (None if unreadable)."""
+    try:
+        value = json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def cache_root() -> Path:
@@ -139,7 +193,7 @@ def converted_dir(gguf_path: Path) -> tuple[Path, bool]:
     target = cache_root() / "converted" / digest[:24]
     if (target / "model.safetensors").is_file() and (target / "verispec.json").is_file():
         return target, True
-    architecture = gguf_architecture(gguf_path)
+    architecture = check_transformers_reads(gguf_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
@@ -166,22 +220,20 @@ def file_sha256(path: Path) -> str:
 
 
 def gguf_architecture(path: Path) -> str:
-    """Read a GGUF header and return its architecture, refusing corrupt or unsupported files."""
-    from gguf import GGUFReader
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    """A GGUF file's architecture (from its cached index), refusing corrupt or truncated files."""
+    from verispec.gguf_file import GGUFFile, GGUFFileError
 
     try:
-        reader = GGUFReader(str(path))
-        field = reader.fields["general.architecture"]
-        architecture = bytes(field.parts[field.data[0]]).decode("utf-8")
-        # Touch every tensor's extent so a truncated file fails here, not mid-conversion.
-        for tensor in reader.tensors:
-            if tensor.data.nbytes != tensor.n_bytes:
-                raise ValueError(f"tensor {tensor.name} is cut short")
-    except KeyError as error:
-        raise ModelLoadError(f"{path} is a GGUF file without general.architecture metadata") from error
-    except (ValueError, IndexError, OSError, EOFError) as error:
-        raise ModelLoadError(f"{path} is a corrupt or truncated GGUF file: {error}") from error
+        return GGUFFile.open(path).architecture
+    except (GGUFFileError, OSError) as error:
+        raise ModelLoadError(str(error)) from error
+
+
+def check_transformers_reads(path: Path) -> str:
+    """The architecture of a GGUF file that transformers can convert (tokenizer, torch backend)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    architecture = gguf_architecture(path)
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: GGUF architecture {architecture!r} is not supported by this transformers version "

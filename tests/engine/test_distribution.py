@@ -49,19 +49,45 @@ def enumerate_law(row):
     return law
 
 
+_laws: dict[int, dict[tuple[int, ...], float]] = {}
+
+
+def law_of(engine):
+    """{(t1, t2, t3): probability} by enumeration over the support of each position; each
+    prefix's logits from the engine's own target, in a fresh pass over the whole prefix."""
+    if id(engine) not in _laws:
+        target = engine.target
+        prompt = engine.encode(PROMPT)
+        params = SamplingParams(**PARAMS)
+
+        def row(output):
+            ids = prompt + [int(t) for t in output]
+            target.prefill(ids[:-1])
+            logits = target.verify(ids[-1:])[0]
+            target.reset()
+            return final_distribution(logits, params, prompt, list(output))
+
+        _laws[id(engine)] = enumerate_law(row)
+    return _laws[id(engine)]
+
+
 @pytest.fixture(scope="module")
 def exact_law(tiny_engine):
-    """{(t1, t2, t3): probability} by enumeration over the support of each position."""
+    return law_of(tiny_engine)
+
+
+def test_the_enumeration_agrees_with_a_plain_transformers_forward(tiny_engine, exact_law):
     model = tiny_engine.target.model
     prompt = tiny_engine.encode(PROMPT)
     params = SamplingParams(**PARAMS)
-
-    def row(output):
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + list(output)])).logits[0, -1].float().numpy()
-        return final_distribution(logits, params, prompt, list(output))
-
-    return enumerate_law(row)
+    first = sorted(exact_law.items(), key=lambda item: -item[1])[0][0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + list(first[:2])])).logits[0, -1].float().numpy()
+    np.testing.assert_allclose(
+        final_distribution(logits, params, prompt, list(first[:2]))[first[2]],
+        exact_law[first] / sum(p for o, p in exact_law.items() if o[:2] == first[:2]),
+        rtol=1e-5,
+    )
 
 
 def run_engine(engine, drafter, k, runs=N_RUNS, prompt=PROMPT):
@@ -96,15 +122,26 @@ def compare(counts, law, runs=N_RUNS):
     ("drafter", "k"), [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto"), ("head", 3), ("block", 3)]
 )
 def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, request):
+    check_follows(tiny_engine, exact_law, drafter, k, request)
+
+
+# The same on the native backend (its own kernels, fp16 KV cache: its own law).
+@pytest.mark.parametrize(("drafter", "k"), [("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3)])
+def test_native_engine_output_follows_its_target(native_engine, drafter, k, request):
+    check_follows(native_engine, law_of(native_engine), drafter, k, request)
+
+
+def check_follows(engine, law, drafter, k, request):
     chosen = drafter
     if drafter in ("head", "block"):
         weights = request.getfixturevalue("tiny_drafters")[drafter]
-        chosen = tiny_engine.drafter(drafter, drafter_weights=str(weights))
-    counts, offered, accepted = run_engine(tiny_engine, chosen, k)
-    pvalue, deviation, cells = compare(counts, exact_law)
+        chosen = engine.drafter(drafter, drafter_weights=str(weights))
+    counts, offered, accepted = run_engine(engine, chosen, k)
+    pvalue, deviation, cells = compare(counts, law)
     tol = tolerance(N_RUNS)
     print(
-        f"\n  whole engine, {drafter} k={k}: N={N_RUNS} runs, {len(exact_law)} outcomes ({cells} cells >= 5 expected), "
+        f"\n  whole engine ({engine.target.description}), {drafter} k={k}: N={N_RUNS} runs, "
+        f"{len(law)} outcomes ({cells} cells >= 5 expected), "
         f"chi2 p={pvalue:.3g} (> {CHI2_ALPHA}), max|f-p|={deviation:.4f} (tol {tol:.4f}), "
         f"acceptance {accepted}/{offered}"
     )
@@ -114,11 +151,13 @@ def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, re
     assert deviation <= tol
 
 
-def test_greedy_drafting_reported_as_softmax_fails(tiny_engine, exact_law):
-    options = tiny_engine.drafter_options
-    broken = GreedyButReportsSoftmax(options["draft_target"], tiny_engine.target)
-    counts, _, _ = run_engine(tiny_engine, broken, 3, runs=N_RUNS_CONTROL)
-    pvalue, deviation, _ = compare(counts, exact_law, runs=N_RUNS_CONTROL)
+@pytest.mark.parametrize("engine_name", ["tiny_engine", "native_engine"])
+def test_greedy_drafting_reported_as_softmax_fails(engine_name, request):
+    engine = request.getfixturevalue(engine_name)
+    options = engine.drafter_options
+    broken = GreedyButReportsSoftmax(options["draft_target"], engine.target)
+    counts, _, _ = run_engine(engine, broken, 3, runs=N_RUNS_CONTROL)
+    pvalue, deviation, _ = compare(counts, law_of(engine), runs=N_RUNS_CONTROL)
     print(
         f"\n  NEGATIVE CONTROL greedy drafts reported as softmax: N={N_RUNS_CONTROL} chi2 p={pvalue:.3g}, "
         f"max|f-p|={deviation:.4f} -> detected"

@@ -1,4 +1,5 @@
-"""Greedy equivalence: speculative output equals plain output token for token (fp32)."""
+"""Greedy equivalence: speculative output equals plain output token for token, on the torch
+backend (fp32, exact rows) and the native backend (its kernels)."""
 
 import pytest
 
@@ -6,22 +7,23 @@ from tests.engine.scripted import ScriptDrafter
 
 PROMPTS = ["the cat sat on the mat. the cat sat", "abc abc abc abc ab", "Hello world"]
 MAX_TOKENS = 48
-_plain: dict[str, list[int]] = {}
+_plain: dict[tuple[int, str], list[int]] = {}
 
 
 def plain_output(engine, prompt):
-    if prompt not in _plain:
-        _plain[prompt] = engine.generate(prompt, drafter="none", temperature=0, max_tokens=MAX_TOKENS).token_ids
-    return _plain[prompt]
+    key = (id(engine), prompt)
+    if key not in _plain:
+        _plain[key] = engine.generate(prompt, drafter="none", temperature=0, max_tokens=MAX_TOKENS).token_ids
+    return _plain[key]
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])  # "auto": with the economics governor on
 @pytest.mark.parametrize("drafter", ["lookup", "model", "none"])
-def test_greedy_speculative_equals_plain(tiny_engine, drafter, k):
+def test_greedy_speculative_equals_plain(either_engine, drafter, k):
     offered = accepted = 0
     for prompt in PROMPTS:
-        result = tiny_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
-        assert result.token_ids == plain_output(tiny_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
+        result = either_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        assert result.token_ids == plain_output(either_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
         offered += result.stats.offered
         accepted += result.stats.accepted
     if drafter != "none" and k != "auto":  # the comparison exercised both kept and rejected drafts
@@ -30,14 +32,14 @@ def test_greedy_speculative_equals_plain(tiny_engine, drafter, k):
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])
 @pytest.mark.parametrize("kind", ["head", "block"])
-def test_greedy_with_trained_drafters_equals_plain(tiny_engine, tiny_drafters, kind, k):
+def test_greedy_with_trained_drafters_equals_plain(either_engine, tiny_drafters, kind, k):
     # Drafters conditioned on the target's hidden states (trained briefly on the tiny target);
     # "H" is a one-token prompt: no hidden state exists before the first verify.
-    drafter = tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
+    drafter = either_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
     offered = accepted = 0
     for prompt in [*PROMPTS, "H"]:
-        result = tiny_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
-        assert result.token_ids == plain_output(tiny_engine, prompt), f"{kind} k={k} diverged on {prompt!r}"
+        result = either_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        assert result.token_ids == plain_output(either_engine, prompt), f"{kind} k={k} diverged on {prompt!r}"
         offered += result.stats.offered
         accepted += result.stats.accepted
     if k != "auto":
@@ -45,12 +47,12 @@ def test_greedy_with_trained_drafters_equals_plain(tiny_engine, tiny_drafters, k
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
-def test_drafting_with_the_target_itself_accepts_everything(tiny_engine, k):
+def test_drafting_with_the_target_itself_accepts_everything(either_engine, k):
     prompt = PROMPTS[1]
-    prompt_ids = tiny_engine.encode(prompt)
-    plain = plain_output(tiny_engine, prompt)
+    prompt_ids = either_engine.encode(prompt)
+    plain = plain_output(either_engine, prompt)
     oracle = ScriptDrafter(prompt_ids + plain)
-    result = tiny_engine.generate(prompt, drafter=oracle, k=k, temperature=0, max_tokens=MAX_TOKENS)
+    result = either_engine.generate(prompt, drafter=oracle, k=k, temperature=0, max_tokens=MAX_TOKENS)
     assert result.token_ids == plain
     stats = result.stats
     # Every round but the last offers k and keeps all k, plus its bonus: k + 1 tokens.

@@ -8,12 +8,13 @@ NAME is a verispec drafter (``none``, ``lookup``, ``model``, ...) or a peer base
   drafter (option ``n``), when llama-cpp-python is installed.
 
 Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a number), ``dtype``,
-``backend`` (torch or llama.cpp), ``exact`` (on or off; torch), ``confidence`` (the trained
+``backend`` (native, torch or llama.cpp), ``quant`` (the native backend's ``--weights``: auto,
+bf16, int8, int4), ``exact`` (on or off; torch), ``confidence`` (the trained
 drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained drafters'
 weights directory, as ``--drafter-weights``: two trainings compared in one run).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
-``none:backend=llama.cpp``, ``hf-prompt-lookup:n=10``.
+``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
 
 The baseline of every speed-up is ``none`` with no options (verispec's own plain decoding on
 the default backend); it is added when not listed.
@@ -28,8 +29,9 @@ from verispec.drafters.base import DrafterError, check_confidence
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype", "backend", "exact", "confidence", "weights"}
+VERISPEC_OPTIONS = {"k", "dtype", "backend", "quant", "exact", "confidence", "weights"}
 PEER_OPTIONS = {"n", "dtype"}
+QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
 
 
 class BenchConfigError(ValueError):
@@ -57,6 +59,10 @@ class BenchConfig:
             options["dtype"] = self.options["dtype"]
         if "backend" in self.options:
             options["backend"] = self.options["backend"]
+        if "quant" in self.options:
+            if self.options["quant"] not in QUANT_CHOICES:
+                raise BenchConfigError(f"{self.label}: quant is one of {', '.join(QUANT_CHOICES)}")
+            options["weights"] = self.options["quant"]
         if "exact" in self.options:
             if self.options["exact"] not in ("on", "off"):
                 raise BenchConfigError(f"{self.label}: exact is on or off, got {self.options['exact']!r}")
@@ -149,9 +155,8 @@ def own_plain(configs: list[BenchConfig], fallback: str) -> dict[str, str]:
     without such a run in the bench, are held to ``fallback`` (verispec's plain decoding)."""
 
     def settings(config: BenchConfig) -> tuple[tuple[str, str], ...]:
-        return tuple(
-            sorted((key, value) for key, value in config.options.items() if key in ("backend", "dtype", "exact"))
-        )
+        kept = ("backend", "quant", "dtype", "exact")
+        return tuple(sorted((key, value) for key, value in config.options.items() if key in kept))
 
     plain_names = {BASELINE, *PEER_PLAIN.values()}
     plain_runs = {(c.name, settings(c)): c.label for c in configs if c.name in plain_names}

@@ -135,6 +135,11 @@ class LlamaCppTarget:
             lib.llama_model_free(self._model)
 
     @property
+    def description(self) -> str:
+        """What runs, for the CLI and the bench."""
+        return "llama.cpp (llama-cpp-python)" + (", exact (row by row)" if self.exact else "")
+
+    @property
     def vocab_size(self) -> int:
         return self._vocab
 

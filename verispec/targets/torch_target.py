@@ -116,6 +116,12 @@ class TorchTarget:
                 )
 
     @property
+    def description(self) -> str:
+        """What runs, for the CLI and the bench."""
+        rows = "exact rows" if self.exact else "stock kernels"
+        return f"torch (transformers), {str(self.dtype).replace('torch.', '')}, {rows}"
+
+    @property
     def vocab_size(self) -> int:
         return self._vocab
 

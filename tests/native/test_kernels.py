@@ -1,0 +1,86 @@
+"""The C++ kernels: each format against a plain numpy model of its arithmetic, and rows
+that do not depend on the other rows of a pass."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GGML
+from gguf import quants
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verispec.native import formats, kernels
+
+RNG = np.random.default_rng(1)
+FORMATS = ["Q4_0", "Q4_1", "Q8_0", "F32", "F16", "BF16"]
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = kernels.load()
+    assert module is not None, f"the native kernels did not build: {kernels.build_error()}"
+    return module
+
+
+def weights_in(name, rows, cols):
+    values = (RNG.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    if name == "F32":
+        return formats.from_float(values)
+    if name == "F16":
+        return formats.from_float(values.astype(np.float16))
+    if name == "BF16":
+        return formats.requantize(formats.from_float(values), "bf16")
+    raw = quants.quantize(values, GGML[name]).reshape(rows, -1)
+    return formats.from_ggml(raw, GGML[name], rows, cols)
+
+
+def matrix(ext, weights):
+    packed = {k: torch.from_numpy(v) for k, v in weights.pack().items()}
+    index = formats.FORMATS.index(weights.format)
+    return ext.make_matrix(
+        index, weights.rows, weights.cols, packed["data"], packed.get("scale"), packed.get("minimum")
+    )
+
+
+def quantised_activations(x):
+    """What the quantised kernels multiply: each row in blocks of 32, q = round(x / d) with
+    d = max|x| / 127 (nearest even), as values d * q."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return (np.rint(blocks * inverse) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize(("rows", "cols"), [(69, 32), (960, 576), (576, 1536)])
+def test_matmul_matches_its_arithmetic(ext, name, rows, cols):
+    weights = weights_in(name, rows, cols)
+    x = RNG.standard_normal((9, cols)).astype(np.float32)
+    y = ext.apply(matrix(ext, weights), torch.from_numpy(x)).numpy()
+    inputs = quantised_activations(x) if weights.format in formats.QUANTIZED else x
+    expected = inputs.astype(np.float64) @ weights.dequantize().astype(np.float64).T
+    error = np.abs(y - expected).max() / np.abs(expected).max()
+    # float32 sums of <= 1536 products: relative error well under 1e-5 of the largest output
+    assert error < 1e-5, error
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(FORMATS), count=st.integers(1, 12), data=st.data())
+def test_rows_do_not_depend_on_their_neighbours(ext, name, count, data):
+    weights = weights_in(name, 20, 64)
+    m = matrix(ext, weights)
+    x = torch.from_numpy(RNG.standard_normal((count, 64)).astype(np.float32))
+    whole = ext.apply(m, x)
+    start = data.draw(st.integers(0, count - 1))
+    stop = data.draw(st.integers(start + 1, count))
+    assert torch.equal(ext.apply(m, x[start:stop].contiguous()), whole[start:stop])
+
+
+def test_bad_shapes_are_refused(ext):
+    weights = weights_in("Q8_0", 8, 64)
+    m = matrix(ext, weights)
+    with pytest.raises(RuntimeError, match="x must be"):
+        ext.apply(m, torch.zeros(2, 32))
+    packed = weights.pack()
+    with pytest.raises(RuntimeError, match="wrong size"):
+        ext.make_matrix(2, 8, 64, torch.from_numpy(packed["data"])[:1], torch.from_numpy(packed["scale"]))

@@ -1,0 +1,191 @@
+"""The native backend: exact verify rows in every weight format, rollback, prefill in
+chunks, hidden states and fingerprints shared with the torch backend, bad input."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tests import tiny
+from tests.tiny_gguf import write_tiny_gguf
+from verispec.native import decoder as native_decoder
+from verispec.targets import native
+from verispec.targets.base import HiddenCapture, TargetError
+from verispec.targets.native import NativeTarget
+from verispec.targets.torch_target import TorchTarget
+
+PROMPT = [5, 9, 14, 14, 17, 29, 25, 17, 20, 14, 6, 31]
+CONTINUATION = [29, 3, 4, 5, 29, 3, 4, 5, 29]
+GGUF_TYPES = ["F32", "F16", "Q4_0", "Q4_1", "Q8_0"]
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native-gguf")
+    return {t: write_tiny_gguf(root / f"tiny-{t}.gguf", matrix_type=t) for t in GGUF_TYPES}
+
+
+@pytest.fixture(scope="module")
+def long_dir(tmp_path_factory):
+    return tiny.save(tiny.tiny_model(seed=0, context=2048), tmp_path_factory.mktemp("tiny-long"))
+
+
+def sequential_rows(target, prompt, tokens):
+    target.prefill(prompt)
+    return np.stack([target.verify([t])[0] for t in tokens])
+
+
+@pytest.mark.parametrize("weights", ["auto", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("kind", [*GGUF_TYPES, "dir"])
+def test_verify_rows_equal_single_steps_in_every_format(gguf_files, tiny_dir, kind, weights):
+    location = tiny_dir if kind == "dir" else gguf_files[kind]
+    target = NativeTarget("dir" if kind == "dir" else "gguf", location, weights=weights)
+    assert target.path == "kernels" and target.batched_verify_exact  # the load-time self-test held
+    single = sequential_rows(target, PROMPT, CONTINUATION)
+    for rows in (2, 5, 9):
+        target.prefill(PROMPT)
+        np.testing.assert_array_equal(target.verify(CONTINUATION[:rows]), single[:rows])
+
+
+def test_verify_rows_are_exact_past_1024_keys(long_dir):
+    target = NativeTarget("dir", long_dir, weights="int8")
+    prompt = [(31 * i + 7) % tiny.VOCAB for i in range(1019)]
+    single = sequential_rows(target, prompt, CONTINUATION)
+    target.prefill(prompt)  # the block's rows reach keys 1020 .. 1028
+    np.testing.assert_array_equal(target.verify(CONTINUATION), single)
+
+
+def test_a_failed_self_test_warns_and_verifies_row_by_row(tiny_dir, monkeypatch):
+    monkeypatch.setattr(NativeTarget, "self_test", lambda self: False)
+    with pytest.warns(UserWarning, match="verifying row by row"):
+        target = NativeTarget("dir", tiny_dir)
+    assert not target.batched_verify_exact
+    calls = []
+    forward = target.decoder.forward
+    monkeypatch.setattr(target.decoder, "forward", lambda ids, *a: calls.append(len(ids)) or forward(ids, *a))
+    single = sequential_rows(target, PROMPT, CONTINUATION)
+    calls.clear()
+    target.prefill(PROMPT)
+    np.testing.assert_array_equal(target.verify(CONTINUATION), single)
+    assert calls[-len(CONTINUATION) :] == [1] * len(CONTINUATION)  # one row per pass
+
+
+def test_the_self_test_catches_rows_that_differ(tiny_dir, monkeypatch):
+    target = NativeTarget("dir", tiny_dir)
+    forward = target.decoder.forward
+
+    def drifting(ids, start, logits, capture=()):  # a kernel whose rows change with the block
+        out, hidden = forward(ids, start, logits, capture)
+        return (out + 1e-3 * len(ids) if out is not None else None), hidden
+
+    monkeypatch.setattr(target.decoder, "forward", drifting)
+    assert target.self_test() is False
+
+
+def test_rollback_and_regenerate_gives_the_same_logits(tiny_dir):
+    target = NativeTarget("dir", tiny_dir, weights="int4")
+    target.prefill(PROMPT)
+    first = target.verify(CONTINUATION[:4])
+    target.verify([7, 8])
+    target.rollback(len(PROMPT))
+    assert target.cached_tokens == len(PROMPT)
+    np.testing.assert_array_equal(target.verify(CONTINUATION[:4]), first)
+    with pytest.raises(TargetError, match="cannot roll back"):
+        target.rollback(target.cached_tokens + 1)
+
+
+def test_prefill_in_chunks_equals_one_pass(tiny_dir, monkeypatch):
+    whole = NativeTarget("dir", tiny_dir)
+    whole.prefill(PROMPT)
+    expected = whole.verify(CONTINUATION)
+    monkeypatch.setattr(native, "PREFILL_CHUNK", 5)
+    whole.prefill(PROMPT)
+    np.testing.assert_array_equal(whole.verify(CONTINUATION), expected)
+
+
+def test_the_kernels_and_the_torch_path_agree_with_transformers(tiny_dir):
+    model = tiny.tiny_model(seed=0)
+    ids = PROMPT + CONTINUATION
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    target = NativeTarget("dir", tiny_dir)
+    target.prefill([])
+    kernels_logits = target.verify(ids)
+    torch_path = native_decoder.TorchDecoder(target.checkpoint, 64)
+    torch_logits, _ = torch_path.forward(ids, 0, True)
+    scale = np.abs(expected).max()
+    # the kernels keep keys and values in fp16 (2^-11 relative each); the torch path in fp32
+    assert np.abs(kernels_logits - expected).max() < 1e-3 * scale
+    assert np.abs(torch_logits.numpy() - expected).max() < 1e-5 * scale
+
+
+def test_the_torch_path_runs_when_the_kernels_are_disabled(tiny_dir, monkeypatch):
+    monkeypatch.setenv("VERISPEC_NATIVE_KERNELS", "0")
+    target = NativeTarget("dir", tiny_dir)
+    assert target.path == "torch"
+    single = sequential_rows(target, PROMPT, CONTINUATION)
+    target.prefill(PROMPT)
+    np.testing.assert_allclose(target.verify(CONTINUATION), single, atol=1e-4)
+
+
+def test_hidden_states_match_the_torch_backend(tiny_dir):
+    capture = HiddenCapture(layers=(0, 1, 2), prefill_rows=3)
+    reference = TorchTarget(tiny.tiny_model(seed=0), exact=True)
+    target = NativeTarget("dir", tiny_dir)
+    for t in (reference, target):
+        t.capture_hidden(capture)
+        t.prefill(PROMPT)
+    prefill_states = [reference.last_hidden, target.last_hidden]
+    assert prefill_states[1].shape == (3, 3 * 32)
+    # the same states up to the native cache's fp16 keys and values (values of order 1 here)
+    np.testing.assert_allclose(prefill_states[1].numpy(), prefill_states[0].float().numpy(), atol=1e-3)
+    for t in (reference, target):
+        t.verify(CONTINUATION[:4])
+    np.testing.assert_allclose(target.last_hidden.numpy(), reference.last_hidden.float().numpy(), atol=1e-3)
+    with pytest.raises(TargetError, match="hidden states 0..2"):
+        target.capture_hidden(HiddenCapture(layers=(3,)))
+
+
+def test_fingerprint_equals_the_torch_backends(tiny_dir, gguf_files):
+    assert (
+        NativeTarget("dir", tiny_dir).weights_fingerprint()
+        == TorchTarget(tiny.tiny_model(seed=0)).weights_fingerprint()
+    )
+    from verispec.api import load_engine
+
+    torch_engine = load_engine(str(gguf_files["Q4_1"]), backend="torch", dtype="float32")
+    gguf_target = NativeTarget("gguf", gguf_files["Q4_1"])
+    assert gguf_target.weights_fingerprint() == torch_engine.target.weights_fingerprint()
+    # and the embeddings a drafter shares are the file's, dequantised
+    np.testing.assert_array_equal(
+        gguf_target.token_embeddings().numpy(), torch_engine.target.token_embeddings().float().numpy()
+    )
+
+
+def test_context_limits(tiny_dir):
+    target = NativeTarget("dir", tiny_dir, context=40)
+    assert target.context_length == 40
+    with pytest.raises(TargetError, match="exceed the context"):
+        target.prefill(list(range(41)))
+    target.prefill(list(range(38)))
+    with pytest.raises(TargetError, match="exceed the context"):
+        target.verify([1, 2, 3])
+    with pytest.raises(TargetError, match="at least one token"):
+        target.verify([])
+
+
+def test_uncovered_architectures_and_bad_modes_are_refused(tmp_path, tiny_dir):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = tiny.save(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=69)), tmp_path / "gpt2")
+    with pytest.raises(TargetError, match="'gpt2' is not covered"):
+        NativeTarget("dir", gpt2)
+    with pytest.raises(TargetError, match="unknown weights mode"):
+        NativeTarget("dir", tiny_dir, weights="int3")
+
+
+def test_no_warning_on_a_normal_load(tiny_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NativeTarget("dir", tiny_dir)

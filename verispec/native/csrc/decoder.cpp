@@ -1,0 +1,717 @@
+// verispec's native decoder: one forward pass of a Llama-family model on the CPU.
+//
+// Every row of a pass (one token at one position) is computed by code whose order of
+// operations depends on that row alone: its own activations, its own position, its own
+// prefix of the KV cache. Nothing sums across rows, and work is split between threads by
+// output columns and (row, head) pairs, never inside a reduction. So a verify pass of M
+// rows gives each row exactly the logits a single decode step would: row invariance holds
+// by construction, and the load-time self-test checks it on the real weights.
+//
+// Weights ("matrices", y = x W^T with W of N rows and K columns) come in four formats:
+//   Q4    4-bit codes q in blocks of 32 along K: w = d * q + m (GGUF Q4_1; Q4_0 as m = -8 d)
+//   Q8_0  8-bit codes in blocks of 32: w = d * q
+//   F32, F16, BF16  float values
+// packed in tiles of 4 output rows so that one tile's bytes are contiguous (see pack.py).
+// Quantised matrices multiply activations quantised per row to 8 bits in blocks of 32
+// (xq, with scale dx and dx * sum(xq)), with integer dot products inside a block, as
+// llama.cpp does; float matrices multiply float32 activations.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define VS_AVX2 1
+#endif
+
+namespace vs {
+
+constexpr int64_t QK = 32;   // weights per quantisation block
+constexpr int64_t TILE = 4;  // output rows per packed tile
+constexpr int64_t FK = 8;    // float formats: columns per packed group
+enum Format : int64_t { F32 = 0, BF16 = 1, Q8_0 = 2, Q4 = 3, F16 = 4 };  // formats.FORMATS
+
+// ---------------------------------------------------------------------------------------
+// Small vector helpers with scalar twins that sum in the same order.
+
+#ifdef VS_AVX2
+static inline float hsum8(__m256 v) {  // ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+// exp(x) for x <= 88.3, x >= -87.3 (clamped): Cody-Waite reduction and a degree-6
+// polynomial (Cephes' expf coefficients), about 1 ulp.
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+static inline float hsum8(const float* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+static inline float exp1(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+// exp of n floats in place; lanes beyond a multiple of 8 take the scalar twin.
+static void exp_inplace(float* v, int64_t n) {
+  int64_t i = 0;
+#ifdef VS_AVX2
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_loadu_ps(v + i)));
+#endif
+  for (; i < n; i++) v[i] = exp1(v[i]);
+}
+
+// sum of n floats in 8 lanes (lane = index mod 8), then hsum8: the same order everywhere.
+static float sum_lanes(const float* v, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+#ifdef VS_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + i));
+  _mm256_storeu_ps(lanes, acc);
+#else
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) lanes[l] += v[i + l];
+#endif
+  for (; i < n; i++) lanes[i % 8] += v[i];
+  return hsum8(lanes);
+}
+
+static inline float fp16_to_float(uint16_t h) {
+#ifdef VS_AVX2
+  return _cvtsh_ss(h);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+static inline uint16_t float_to_fp16(float f) {
+#ifdef VS_AVX2
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  return c10::detail::fp16_ieee_from_fp32_value(f);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Weights.
+
+struct Matrix {
+  int64_t format = F32, rows = 0, cols = 0;
+  at::Tensor data, scale, minimum, bias;  // owners of the memory below
+  const void* raw = nullptr;              // data
+  const float *d = nullptr, *m = nullptr, *b = nullptr;  // scale, minimum, bias (or null)
+  int64_t tiles() const { return (rows + TILE - 1) / TILE; }
+  int64_t blocks() const { return cols / QK; }
+  bool quantized() const { return format == Q8_0 || format == Q4; }
+  bool floating() const { return !quantized(); }
+};
+
+static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor data,
+                          std::optional<at::Tensor> scale_, std::optional<at::Tensor> minimum_,
+                          std::optional<at::Tensor> bias_) {
+  TORCH_CHECK(format >= F32 && format <= F16, "unknown weight format ", format);
+  at::Tensor scale = scale_.value_or(at::Tensor()), minimum = minimum_.value_or(at::Tensor());
+  at::Tensor bias = bias_.value_or(at::Tensor());
+  const bool quantized = format == Q8_0 || format == Q4;
+  TORCH_CHECK(cols % (quantized ? QK : FK) == 0, "columns must be a multiple of ", quantized ? QK : FK, ", got ", cols);
+  TORCH_CHECK(data.is_contiguous() && data.device().is_cpu(), "weight data must be contiguous CPU memory");
+  int64_t tiles = (rows + TILE - 1) / TILE, blocks = cols / QK;
+  const int64_t bytes[] = {4 * TILE * cols, 2 * TILE * cols, TILE * cols + 0, TILE * cols / 2, 2 * TILE * cols};
+  TORCH_CHECK(data.nbytes() == (size_t)(tiles * bytes[format]), "packed weight data has the wrong size");
+  if (quantized) {
+    TORCH_CHECK(scale.defined() && scale.scalar_type() == at::kFloat && scale.numel() == tiles * blocks * TILE, "bad scales");
+  }
+  if (format == Q4) TORCH_CHECK(minimum.defined() && minimum.scalar_type() == at::kFloat && minimum.numel() == scale.numel(), "bad minimums");
+  if (bias.defined()) TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.numel() == rows, "bad bias");
+  Matrix m;
+  m.format = format, m.rows = rows, m.cols = cols, m.data = data, m.scale = scale, m.minimum = minimum, m.bias = bias;
+  m.raw = data.data_ptr();
+  if (scale.defined()) m.d = scale.data_ptr<float>();
+  if (minimum.defined()) m.m = minimum.data_ptr<float>();
+  if (bias.defined()) m.b = bias.data_ptr<float>();
+  return m;
+}
+
+// Element ``at`` of a float matrix's packed data as float32.
+static inline float float_value(const Matrix& w, int64_t at) {
+  if (w.format == F32) return ((const float*)w.raw)[at];
+  uint16_t raw = ((const uint16_t*)w.raw)[at];
+  if (w.format == F16) return fp16_to_float(raw);
+  uint32_t bits = (uint32_t)raw << 16;
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+// Row n of W as float32 (embedding lookups): the same values the kernels multiply with.
+static void matrix_row(const Matrix& w, int64_t n, float* out) {
+  int64_t t = n / TILE, j = n % TILE, K = w.cols, B = w.blocks();
+  if (w.floating()) {
+    for (int64_t g = 0; g < K / FK; g++)
+      for (int64_t l = 0; l < FK; l++) out[g * FK + l] = float_value(w, ((t * (K / FK) + g) * TILE + j) * FK + l);
+    return;
+  }
+  const float* d = w.d + t * B * TILE;
+  for (int64_t b = 0; b < B; b++) {
+    float scale = d[b * TILE + j];
+    if (w.format == Q8_0) {
+      const int8_t* q = (const int8_t*)w.raw + ((t * B + b) * TILE + j) * QK;
+      for (int64_t i = 0; i < QK; i++) out[b * QK + i] = scale * (float)q[i];
+    } else {
+      const uint8_t* q = (const uint8_t*)w.raw + ((t * B + b) * TILE + j) * (QK / 2);
+      float minimum = w.m[(t * B + b) * TILE + j];
+      for (int64_t i = 0; i < QK / 2; i++) {
+        out[b * QK + i] = scale * (float)(q[i] & 15) + minimum;
+        out[b * QK + i + 16] = scale * (float)(q[i] >> 4) + minimum;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Activations quantised per row in blocks of 32: q = round(x / d), d = max|x| / 127.
+
+struct QuantRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;  // per block: scale, and scale * sum(q)
+};
+
+static void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out) {
+  int64_t B = K / QK;
+  out.q.resize(M * K), out.d.resize(M * B), out.s.resize(M * B);
+  for (int64_t i = 0; i < M * B; i++) {
+    const float* v = x + i * QK;
+    int8_t* q = out.q.data() + i * QK;
+    int32_t sum = 0;
+    float amax = 0.f;
+#ifdef VS_AVX2
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+           v3 = _mm256_loadu_ps(v + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    amax = _mm_cvtss_f32(m4);
+    float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    const __m256 idv = _mm256_set1_ps(id);
+    const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, idv), round));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, idv), round));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, idv), round));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, idv), round));
+    __m256i total = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t4 = _mm_hadd_epi32(t4, t4);
+    t4 = _mm_hadd_epi32(t4, t4);
+    sum = _mm_cvtsi128_si32(t4);
+    // pack 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes; the permute undoes it)
+    __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+    __m256i p = _mm256_packs_epi16(p01, p23);
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i*)q, p);
+    out.d[i] = d;
+#else
+    for (int64_t j = 0; j < QK; j++) amax = std::max(amax, std::fabs(v[j]));
+    float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    for (int64_t j = 0; j < QK; j++) {
+      int32_t value = (int32_t)std::nearbyint(v[j] * id);
+      q[j] = (int8_t)value;
+      sum += value;
+    }
+    out.d[i] = d;
+#endif
+    out.s[i] = out.d[i] * (float)sum;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Matrix tiles: R rows of activations times one tile of 4 output rows. For every
+// (row, output) pair the arithmetic is the same whatever R is: that is row invariance.
+
+// Quantised: per block, an exact integer dot product in 8 lanes of 4 products each, scaled
+// by d_w * d_x and accumulated per lane; Q4 adds m_w * s_x per block.
+template <int R, bool Q4BLOCKS>
+static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+  const int64_t B = w.blocks(), K = w.cols;
+  const float* D = w.d + t * B * TILE;
+  const float* Mn = Q4BLOCKS ? w.m + t * B * TILE : nullptr;
+  const uint8_t* C4 = (const uint8_t*)w.raw;
+  const int8_t* C8 = (const int8_t*)w.raw;
+  const int8_t* X = xq.q.data() + r0 * K;
+  const float* DX = xq.d.data() + r0 * B;
+  const float* SX = xq.s.data() + r0 * B;
+  float out[R][TILE];
+#ifdef VS_AVX2
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[TILE][R];
+  __m128 accm[R];
+  for (int r = 0; r < R; r++) {
+    accm[r] = _mm_setzero_ps();
+    for (int j = 0; j < TILE; j++) acc[j][r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < B; b++) {
+    __m256i wv[TILE];
+    if (Q4BLOCKS) {
+      const uint8_t* c = C4 + (t * B + b) * TILE * (QK / 2);
+      const __m256i low = _mm256_set1_epi8(0x0F);
+      for (int j = 0; j < TILE; j++) {
+        __m128i raw = _mm_loadu_si128((const __m128i*)(c + j * 16));
+        wv[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+      }
+    } else {
+      const int8_t* c = C8 + (t * B + b) * TILE * QK;
+      for (int j = 0; j < TILE; j++) wv[j] = _mm256_loadu_si256((const __m256i*)(c + j * QK));
+    }
+    const __m128 d4 = _mm_loadu_ps(D + b * TILE);
+    for (int r = 0; r < R; r++) {
+      const __m256i xv = _mm256_loadu_si256((const __m256i*)(X + r * K + b * QK));
+      const __m128 s4 = _mm_mul_ps(d4, _mm_set1_ps(DX[r * B + b]));
+      const __m256 s8 = _mm256_set_m128(s4, s4);
+      const __m256 sj[TILE] = {_mm256_permute_ps(s8, 0x00), _mm256_permute_ps(s8, 0x55),
+                               _mm256_permute_ps(s8, 0xAA), _mm256_permute_ps(s8, 0xFF)};
+      for (int j = 0; j < TILE; j++) {
+        __m256i prod;
+        if (Q4BLOCKS) {
+          prod = _mm256_maddubs_epi16(wv[j], xv);  // codes 0..15 (unsigned) x int8
+        } else {  // int8 x int8: |w| (unsigned) x x with w's sign
+          prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(xv, wv[j]));
+        }
+        __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+        acc[j][r] = _mm256_fmadd_ps(dot, sj[j], acc[j][r]);
+      }
+      if (Q4BLOCKS) accm[r] = _mm_fmadd_ps(_mm_loadu_ps(Mn + b * TILE), _mm_set1_ps(SX[r * B + b]), accm[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    float m4[TILE];
+    _mm_storeu_ps(m4, accm[r]);
+    for (int j = 0; j < TILE; j++) out[r][j] = hsum8(acc[j][r]) + m4[j];
+  }
+#else
+  float acc[TILE][R][8] = {};
+  float accm[R][TILE] = {};
+  for (int64_t b = 0; b < B; b++) {
+    for (int r = 0; r < R; r++) {
+      const int8_t* xv = X + r * K + b * QK;
+      for (int j = 0; j < TILE; j++) {
+        float scale = D[b * TILE + j] * DX[r * B + b];
+        for (int l = 0; l < 8; l++) {
+          int32_t dot = 0;
+          for (int i = 4 * l; i < 4 * l + 4; i++) {
+            int32_t code;
+            if (Q4BLOCKS) {
+              uint8_t byte = C4[((t * B + b) * TILE + j) * (QK / 2) + i % 16];
+              code = i < 16 ? (byte & 15) : (byte >> 4);
+            } else {
+              code = C8[((t * B + b) * TILE + j) * QK + i];
+            }
+            dot += code * xv[i];
+          }
+          acc[j][r][l] = std::fma((float)dot, scale, acc[j][r][l]);
+        }
+        if (Q4BLOCKS) accm[r][j] = std::fma(Mn[b * TILE + j], SX[r * B + b], accm[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < TILE; j++) out[r][j] = hsum8(acc[j][r]) + accm[r][j];
+#endif
+  int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
+}
+
+// Float: per column group of 8, w * x accumulated per lane (lane = column mod 8).
+template <int R, int64_t FMT>
+static void tile_float(const Matrix& w, int64_t t, const float* x, int64_t r0, float* y, int64_t ldy) {
+  const int64_t K = w.cols, G = K / FK;
+  const float* X = x + r0 * K;
+  float out[R][TILE];
+#ifdef VS_AVX2
+  __m256 acc[TILE][R];
+  for (int j = 0; j < TILE; j++)
+    for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; g++) {
+    __m256 wv[TILE];
+    for (int j = 0; j < TILE; j++) {
+      int64_t at = ((t * G + g) * TILE + j) * FK;
+      if (FMT == BF16) {
+        __m128i raw = _mm_loadu_si128((const __m128i*)((const uint16_t*)w.raw + at));
+        wv[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+      } else if (FMT == F16) {
+        wv[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)w.raw + at)));
+      } else {
+        wv[j] = _mm256_loadu_ps((const float*)w.raw + at);
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      __m256 xv = _mm256_loadu_ps(X + r * K + g * FK);
+      for (int j = 0; j < TILE; j++) acc[j][r] = _mm256_fmadd_ps(wv[j], xv, acc[j][r]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < TILE; j++) out[r][j] = hsum8(acc[j][r]);
+#else
+  float acc[TILE][R][8] = {};
+  for (int64_t g = 0; g < G; g++)
+    for (int j = 0; j < TILE; j++)
+      for (int l = 0; l < 8; l++) {
+        float wl = float_value(w, ((t * G + g) * TILE + j) * FK + l);
+        for (int r = 0; r < R; r++) acc[j][r][l] = std::fma(wl, X[r * K + g * FK + l], acc[j][r][l]);
+      }
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < TILE; j++) out[r][j] = hsum8(acc[j][r]);
+#endif
+  int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
+}
+
+template <int R>
+static void run_tile(const Matrix& w, int64_t t, const float* x, const QuantRows& xq, int64_t r0, float* y,
+                     int64_t ldy) {
+  switch (w.format) {
+    case Q4: tile_quant<R, true>(w, t, xq, r0, y, ldy); break;
+    case Q8_0: tile_quant<R, false>(w, t, xq, r0, y, ldy); break;
+    case BF16: tile_float<R, BF16>(w, t, x, r0, y, ldy); break;
+    case F16: tile_float<R, F16>(w, t, x, r0, y, ldy); break;
+    default: tile_float<R, F32>(w, t, x, r0, y, ldy); break;
+  }
+}
+
+// Work below this many multiply-adds runs on the calling thread: waking a second thread
+// costs more than it saves (and far more on a busy machine, where it may wait for a core).
+constexpr int64_t MIN_PARALLEL_WORK = 1 << 16;
+
+// y[M, ldy] (first w.rows columns) = x[M, K] W^T (+ bias). Threads split the output tiles.
+static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t ldy, QuantRows& scratch) {
+  if (w.quantized()) quantize_rows(x, M, w.cols, scratch);
+  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (TILE * w.cols * M));
+  at::parallel_for(0, w.tiles(), grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      int64_t r = 0;
+      for (; r + 2 <= M; r += 2) run_tile<2>(w, t, x, scratch, r, y + r * ldy + t * TILE, ldy);
+      if (r < M) run_tile<1>(w, t, x, scratch, r, y + r * ldy + t * TILE, ldy);
+    }
+  });
+  if (w.b != nullptr) {
+    for (int64_t r = 0; r < M; r++)
+      for (int64_t n = 0; n < w.rows; n++) y[r * ldy + n] += w.b[n];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The decoder.
+
+static void rmsnorm(const float* x, const float* weight, int64_t M, int64_t H, float eps, float* out) {
+  for (int64_t r = 0; r < M; r++) {
+    const float* v = x + r * H;
+    float squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < H; i++) squares[i % 8] = std::fma(v[i], v[i], squares[i % 8]);
+    float inv = 1.0f / std::sqrt(hsum8(squares) / (float)H + eps);
+    for (int64_t i = 0; i < H; i++) out[r * H + i] = weight[i] * (v[i] * inv);
+  }
+}
+
+struct Layer {
+  at::Tensor attn_norm, ffn_norm;
+  Matrix qkv, o, gate_up, down;
+};
+
+class Decoder {
+ public:
+  Decoder(int64_t hidden, int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+          at::Tensor cos, at::Tensor sin)
+      : hidden_(hidden), inter_(intermediate), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
+        eps_((float)eps), cos_(cos.contiguous()), sin_(sin.contiguous()) {
+    TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even");
+    TORCH_CHECK(cos_.dim() == 2 && cos_.size(1) == head_dim / 2 && cos_.sizes() == sin_.sizes(), "bad rope tables");
+    context_ = cos_.size(0);
+  }
+
+  void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, Matrix qkv, Matrix o, Matrix gate_up, Matrix down) {
+    const int64_t qkv_rows = (heads_ + 2 * kv_heads_) * head_dim_;
+    TORCH_CHECK(qkv.rows == qkv_rows && qkv.cols == hidden_, "qkv has the wrong shape");
+    TORCH_CHECK(o.rows == hidden_ && o.cols == heads_ * head_dim_, "o has the wrong shape");
+    TORCH_CHECK(gate_up.rows == 2 * inter_ && gate_up.cols == hidden_, "gate_up has the wrong shape");
+    TORCH_CHECK(down.rows == hidden_ && down.cols == inter_, "down has the wrong shape");
+    layers_.push_back(Layer{attn_norm.contiguous(), ffn_norm.contiguous(), qkv, o, gate_up, down});
+    auto options = at::TensorOptions().dtype(at::kShort);
+    keys_.push_back(at::zeros({kv_heads_, context_, head_dim_}, options));
+    values_.push_back(at::zeros({kv_heads_, context_, head_dim_}, options));
+  }
+
+  void set_output(Matrix embed, at::Tensor norm, Matrix head) {
+    TORCH_CHECK(embed.cols == hidden_ && head.cols == hidden_, "embedding and head must have hidden columns");
+    embed_ = embed, norm_ = norm.contiguous(), head_ = head;
+  }
+
+  // One forward pass over ids at positions start, start + 1, ...; returns
+  // (logits [M, V] when asked, hidden states [M, len(capture) * hidden] when asked).
+  std::vector<at::Tensor> forward(at::Tensor ids, int64_t start, bool logits, std::vector<int64_t> capture) {
+    TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "ids must be a 1-d int64 tensor");
+    const int64_t M = ids.size(0), H = hidden_, L = (int64_t)layers_.size();
+    TORCH_CHECK(M > 0 && start >= 0 && start + M <= context_, "positions ", start, "..", start + M,
+                " exceed the context of ", context_);
+    const int64_t* tok = ids.data_ptr<int64_t>();
+    for (int64_t r = 0; r < M; r++) TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.rows, "token id out of range");
+    at::NoGradGuard no_grad;
+    const int64_t qkv_cols = (heads_ + 2 * kv_heads_) * head_dim_;
+    std::vector<float> x(M * H), h(M * H), qkv(M * qkv_cols), attn(M * heads_ * head_dim_);
+    std::vector<float> gu(M * 2 * inter_), act(M * inter_), delta(M * H);
+    QuantRows scratch;
+    at::Tensor captured;
+    if (!capture.empty()) captured = at::empty({M, (int64_t)capture.size() * H}, at::kFloat);
+    auto keep = [&](int64_t index, const float* state) {
+      for (size_t c = 0; c < capture.size(); c++)
+        if (capture[c] == index)
+          for (int64_t r = 0; r < M; r++)
+            std::memcpy(captured.data_ptr<float>() + (r * capture.size() + c) * H, state + r * H, H * 4);
+    };
+    for (int64_t r = 0; r < M; r++) matrix_row(embed_, tok[r], x.data() + r * H);
+    keep(0, x.data());
+    for (int64_t l = 0; l < L; l++) {
+      const Layer& layer = layers_[l];
+      rmsnorm(x.data(), layer.attn_norm.data_ptr<float>(), M, H, eps_, h.data());
+      matmul(layer.qkv, h.data(), M, qkv.data(), qkv_cols, scratch);
+      rope_and_cache(qkv.data(), M, start, l);
+      attention(qkv.data(), M, start, l, attn.data());
+      matmul(layer.o, attn.data(), M, delta.data(), H, scratch);
+      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      rmsnorm(x.data(), layer.ffn_norm.data_ptr<float>(), M, H, eps_, h.data());
+      matmul(layer.gate_up, h.data(), M, gu.data(), 2 * inter_, scratch);
+      silu_mul(gu.data(), M, act.data());
+      matmul(layer.down, act.data(), M, delta.data(), H, scratch);
+      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      if (l + 1 < L) keep(l + 1, x.data());
+    }
+    rmsnorm(x.data(), norm_.data_ptr<float>(), M, H, eps_, h.data());
+    keep(L, h.data());
+    std::vector<at::Tensor> out(2);
+    if (logits) {
+      out[0] = at::empty({M, head_.rows}, at::kFloat);
+      matmul(head_, h.data(), M, out[0].data_ptr<float>(), head_.rows, scratch);
+    }
+    out[1] = captured;
+    return out;
+  }
+
+  // y = x W^T for tests of the kernels.
+  static at::Tensor apply(const Matrix& w, at::Tensor x) {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == w.cols && x.scalar_type() == at::kFloat, "x must be (M, cols) float32");
+    x = x.contiguous();
+    auto y = at::empty({x.size(0), w.rows}, at::kFloat);
+    QuantRows scratch;
+    matmul(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), w.rows, scratch);
+    return y;
+  }
+
+  int64_t context() const { return context_; }
+  at::Tensor keys(int64_t layer) const { return keys_.at(layer); }
+  at::Tensor values(int64_t layer) const { return values_.at(layer); }
+
+ private:
+  // RoPE (rotate-half layout, as transformers' Llama) on the queries and keys of each row
+  // at its own position; the row's keys and values go into the cache as fp16.
+  void rope_and_cache(float* qkv, int64_t M, int64_t start, int64_t layer) {
+    const int64_t D = head_dim_, half = D / 2, cols = (heads_ + 2 * kv_heads_) * D;
+    int16_t* kc = keys_[layer].data_ptr<int16_t>();
+    int16_t* vc = values_[layer].data_ptr<int16_t>();
+    for (int64_t r = 0; r < M; r++) {
+      const int64_t pos = start + r;
+      const float* c = cos_.data_ptr<float>() + pos * half;
+      const float* s = sin_.data_ptr<float>() + pos * half;
+      float* row = qkv + r * cols;
+      for (int64_t head = 0; head < heads_ + kv_heads_; head++) {
+        float* v = row + head * D;
+        for (int64_t i = 0; i < half; i++) {
+          float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = b * c[i] + a * s[i];
+        }
+      }
+      for (int64_t g = 0; g < kv_heads_; g++) {
+        const float* k = row + (heads_ + g) * D;
+        const float* v = row + (heads_ + kv_heads_ + g) * D;
+        for (int64_t i = 0; i < D; i++) {
+          kc[(g * context_ + pos) * D + i] = (int16_t)float_to_fp16(k[i]);
+          vc[(g * context_ + pos) * D + i] = (int16_t)float_to_fp16(v[i]);
+        }
+      }
+    }
+  }
+
+  // Each (row, head) attends over exactly its own causal prefix of the cache.
+  void attention(const float* qkv, int64_t M, int64_t start, int64_t layer, float* out) {
+    const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D, group = heads_ / kv_heads_;
+    const float scale = 1.0f / std::sqrt((float)D);
+    const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
+    const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / ((start + M) * D));
+    at::parallel_for(0, M * heads_, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(start + M);
+      std::vector<float> q(D);
+      for (int64_t task = begin; task < end; task++) {
+        const int64_t r = task / heads_, head = task % heads_, g = head / group, keys = start + r + 1;
+        const float* query = qkv + r * cols + head * D;
+        for (int64_t i = 0; i < D; i++) q[i] = query[i] * scale;
+        const uint16_t* K = kc + g * context_ * D;
+        const uint16_t* V = vc + g * context_ * D;
+        scores_fp16(q.data(), K, keys, D, scores.data());
+        float best = -INFINITY;
+        for (int64_t t = 0; t < keys; t++) best = std::max(best, scores[t]);
+        for (int64_t t = 0; t < keys; t++) scores[t] -= best;
+        exp_inplace(scores.data(), keys);
+        const float inv = 1.0f / sum_lanes(scores.data(), keys);
+        float* o = out + r * heads_ * D + head * D;
+        weighted_sum_fp16(scores.data(), V, keys, D, o);
+        for (int64_t i = 0; i < D; i++) o[i] *= inv;
+      }
+    });
+  }
+
+  // scores[t] = q . K[t] for t < keys. Each key's dot product is the same sequence of
+  // operations (8 lanes over the head dimension, then hsum8) whether it runs in a group of
+  // four keys (independent chains, for throughput) or alone.
+  static void scores_fp16(const float* q, const uint16_t* K, int64_t keys, int64_t D, float* scores) {
+    int64_t t = 0;
+#ifdef VS_AVX2
+    const int64_t vec = D / 8 * 8;
+    for (; t + 4 <= keys; t += 4) {
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t i = 0; i < vec; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int u = 0; u < 4; u++)
+          acc[u] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(K + (t + u) * D + i))), acc[u]);
+      }
+      for (int u = 0; u < 4; u++) scores[t + u] = finish_dot(acc[u], q, K + (t + u) * D, vec, D);
+    }
+    for (; t < keys; t++) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < vec; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(K + t * D + i))), acc);
+      scores[t] = finish_dot(acc, q, K + t * D, vec, D);
+    }
+#else
+    for (; t < keys; t++) {
+      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < D; i++) lanes[i % 8] = std::fma(q[i], fp16_to_float(K[t * D + i]), lanes[i % 8]);
+      scores[t] = hsum8(lanes);
+    }
+#endif
+  }
+
+#ifdef VS_AVX2
+  static inline float finish_dot(__m256 acc, const float* q, const uint16_t* k, int64_t from, int64_t D) {
+    if (from == D) return hsum8(acc);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int64_t i = from; i < D; i++) lanes[i % 8] = std::fma(q[i], fp16_to_float(k[i]), lanes[i % 8]);
+    return hsum8(lanes);
+  }
+#endif
+
+  // o[D] = sum over t of weights[t] * V[t], each output summed in key order; eight
+  // 8-wide accumulators cover 64 dimensions per pass (independent chains).
+  static void weighted_sum_fp16(const float* weights, const uint16_t* V, int64_t keys, int64_t D, float* o) {
+    int64_t base = 0;
+#ifdef VS_AVX2
+    for (; base + 64 <= D; base += 64) {
+      __m256 acc[8];
+      for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+      for (int64_t t = 0; t < keys; t++) {
+        const __m256 w = _mm256_set1_ps(weights[t]);
+        const uint16_t* v = V + t * D + base;
+        for (int c = 0; c < 8; c++)
+          acc[c] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + 8 * c))), acc[c]);
+      }
+      for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + base + 8 * c, acc[c]);
+    }
+#endif
+    for (int64_t i = base; i < D; i++) {
+      float acc = 0.f;
+      for (int64_t t = 0; t < keys; t++) acc = std::fma(weights[t], fp16_to_float(V[t * D + i]), acc);
+      o[i] = acc;
+    }
+  }
+
+  void silu_mul(const float* gu, int64_t M, float* out) {
+    const int64_t I = inter_;
+    std::vector<float> e(I);
+    for (int64_t r = 0; r < M; r++) {
+      const float* gate = gu + r * 2 * I;
+      const float* up = gate + I;
+      for (int64_t i = 0; i < I; i++) e[i] = -gate[i];
+      exp_inplace(e.data(), I);
+      for (int64_t i = 0; i < I; i++) out[r * I + i] = gate[i] / (1.0f + e[i]) * up[i];
+    }
+  }
+
+  int64_t hidden_, inter_, heads_, kv_heads_, head_dim_, context_;
+  float eps_;
+  at::Tensor cos_, sin_, norm_;
+  Matrix embed_, head_;
+  std::vector<Layer> layers_;
+  std::vector<at::Tensor> keys_, values_;
+};
+
+}  // namespace vs
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  py::class_<vs::Matrix>(m, "Matrix")
+      .def_readonly("format", &vs::Matrix::format)
+      .def_readonly("rows", &vs::Matrix::rows)
+      .def_readonly("cols", &vs::Matrix::cols);
+  m.def("make_matrix", &vs::make_matrix, py::arg("format"), py::arg("rows"), py::arg("cols"), py::arg("data"),
+        py::arg("scale") = py::none(), py::arg("minimum") = py::none(), py::arg("bias") = py::none());
+  m.def("apply", &vs::Decoder::apply, "y = x W^T", py::call_guard<py::gil_scoped_release>());
+  py::class_<vs::Decoder>(m, "Decoder")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor>())
+      .def("add_layer", &vs::Decoder::add_layer)
+      .def("set_output", &vs::Decoder::set_output)
+      .def("forward", &vs::Decoder::forward, py::call_guard<py::gil_scoped_release>())
+      .def("keys", &vs::Decoder::keys)
+      .def("values", &vs::Decoder::values)
+      .def_property_readonly("context", &vs::Decoder::context);
+}
