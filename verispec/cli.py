@@ -106,6 +106,9 @@ def run_generate(args: argparse.Namespace) -> int:
     engine = load_engine(args.model, **model_options(args))  # type: ignore[arg-type]
     description = getattr(engine.target, "description", engine.target.name)
     err.print(f"[dim]loaded {engine.name} in {time.perf_counter() - start:.1f} s: {description}[/dim]")
+    kernels = sys.modules.get("verispec.native.kernels")
+    if kernels is not None and kernels.build_seconds is not None:  # once per machine, not in any tok/s
+        err.print(f"[dim]compiled the native kernels in {kernels.build_seconds:.0f} s ({kernels.build_dir()})[/dim]")
     sampling = _sampling_kwargs(args)
     options = {"drafter": args.drafter, "k": args.k, "k_max": args.k_max, "chat": args.chat}
     if args.compare:  # warm both paths up so neither pays first-call costs in the timing

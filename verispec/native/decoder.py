@@ -19,6 +19,7 @@ then x += down(silu(gate) * up) with gate, up = gate_up(norm(x)); logits = head(
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,19 +118,29 @@ class _TorchLayer:
 
 
 class TorchDecoder:
-    """The forward pass in torch operations on dequantised weights (any device)."""
+    """The forward pass in torch operations on dequantised weights (any device).
+
+    compile: run each decoder layer through ``torch.compile`` (Inductor: Triton kernels on a
+    GPU, C++ on the CPU), one graph for every layer, with the number of rows and the
+    cache position symbolic so a decode step and each verify size reuse it. The first
+    passes pay the compilation (its seconds in ``compile_seconds``); Inductor caches its
+    artefacts on disk across runs.
+    """
 
     path = "torch"
 
-    def __init__(self, checkpoint: Checkpoint, context: int, device: str = "cpu", dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        context: int,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        compile: bool = False,
+    ) -> None:
         config = checkpoint.config
         self.device = torch.device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.heads, self.kv_heads, self.head_dim = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            checkpoint.head_dim,
-        )
+        self.shape = _Shape(config.num_attention_heads, config.num_key_value_heads, checkpoint.head_dim)
         self.eps = float(config.rms_norm_eps)
         cos, sin = rope_tables(checkpoint, context)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)
@@ -155,62 +166,96 @@ class TorchDecoder:
         self.embed = dense(checkpoint.embed)
         self.head = self.embed if checkpoint.head is checkpoint.embed else dense(checkpoint.head)
         self.norm = vector(checkpoint.norm)
-        shape = (len(self.layers), self.kv_heads, context, self.head_dim)
+        shape = (len(self.layers), self.shape.kv_heads, context, self.shape.head_dim)
         self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x (M, heads, D) rotated at its rows' positions, rotate-half layout."""
-        half = self.head_dim // 2
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        first, second = x[..., :half], x[..., half:]
-        return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
-
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = torch.nn.functional.linear(x.to(self.dtype), weight).float()
-        return out if bias is None else out + bias
+        self.compiled = compile
+        self.compile_seconds: float | None = None
+        self._layer = torch.compile(decoder_layer, dynamic=True) if compile else decoder_layer
 
     @torch.inference_mode()
     def forward(
         self, ids: list[int], start: int, logits: bool, capture: tuple[int, ...] = ()
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        M, D, H, G = len(ids), self.head_dim, self.heads, self.kv_heads
-        if start + M > self.keys.shape[2]:
-            raise CheckpointError(f"positions {start}..{start + M} exceed the context of {self.keys.shape[2]}")
-        positions = torch.arange(start, start + M, device=self.device)
+        rows = len(ids)
+        if start + rows > self.keys.shape[2]:
+            raise CheckpointError(f"positions {start}..{start + rows} exceed the context of {self.keys.shape[2]}")
+        began = time.perf_counter()
+        positions = torch.arange(start, start + rows, device=self.device)
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[torch.tensor(ids, device=self.device)].float()
         states = {0: x}
         for index, layer in enumerate(self.layers):
-            qkv = self._linear(self._norm(x, layer.attn_norm), layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([H * D, G * D, G * D], dim=-1)
-            q = self._rope(q.view(M, H, D), positions)
-            self.keys[index, :, start : start + M] = (
-                self._rope(k.view(M, G, D), positions).transpose(0, 1).to(self.dtype)
-            )
-            self.values[index, :, start : start + M] = v.view(M, G, D).transpose(0, 1).to(self.dtype)
-            attn = self._attend(q, index, start + M, positions)
-            x = x + self._linear(attn, layer.o)
-            gate, up = self._linear(self._norm(x, layer.ffn_norm), layer.gate_up).chunk(2, dim=-1)
-            x = x + self._linear(torch.nn.functional.silu(gate) * up, layer.down)
+            x = self._layer(x, layer, self.keys[index], self.values[index], cos, sin, start, self.shape, self.eps)
             states[index + 1] = x
-        final = self._norm(x, self.norm)
+        final = rms_norm(x, self.norm, self.eps)
         states[len(self.layers)] = final
-        out = self._linear(final, self.head).cpu() if logits else None
+        out = linear(final, self.head).cpu() if logits else None
         hidden = torch.cat([states[i] for i in capture], dim=-1).cpu() if capture else None
+        if self.compiled and self.compile_seconds is None:
+            self.compile_seconds = time.perf_counter() - began  # the first pass: tracing and compiling
         return out, hidden
 
-    def _attend(self, q: torch.Tensor, layer: int, length: int, positions: torch.Tensor) -> torch.Tensor:
-        """Causal grouped-query attention of q (M, H, D) over the cache's first ``length`` keys."""
-        M, H, D, G = q.shape[0], self.heads, self.head_dim, self.kv_heads
-        keys = self.keys[layer, :, :length].float()  # (G, L, D)
-        values = self.values[layer, :, :length].float()
-        grouped = q.view(M, G, H // G, D).permute(1, 0, 2, 3).reshape(G, M * (H // G), D)
-        scores = torch.matmul(grouped, keys.transpose(1, 2)) / D**0.5  # (G, M * H/G, L)
-        visible = torch.arange(length, device=self.device)[None, :] <= positions[:, None]  # (M, L)
-        scores = scores.view(G, M, H // G, length).masked_fill(~visible[None, :, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).view(G, M * (H // G), length)
-        out = torch.matmul(weights, values).view(G, M, H // G, D).permute(1, 0, 2, 3)
-        return out.reshape(M, H * D)
+
+@dataclass(frozen=True)
+class _Shape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (float32) @ weight.T in the weight's dtype, back to float32."""
+    out = torch.nn.functional.linear(x.to(weight.dtype), weight).float()
+    return out if bias is None else out + bias
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (rows, heads, D) rotated by its rows' cos and sin (rows, 1, D / 2), rotate-half layout."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    layer: _TorchLayer,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    start: int,
+    shape: _Shape,
+    eps: float,
+) -> torch.Tensor:
+    """One layer for rows at positions start, start + 1, ...: x (rows, hidden) float32; keys
+    and values (kv_heads, context, head_dim) are this layer's cache, written in place."""
+    rows, heads, kv_heads, dim = x.shape[0], shape.heads, shape.kv_heads, shape.head_dim
+    qkv = linear(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q = rope(q.view(rows, heads, dim), cos, sin)
+    keys[:, start : start + rows] = rope(k.view(rows, kv_heads, dim), cos, sin).transpose(0, 1).to(keys.dtype)
+    values[:, start : start + rows] = v.view(rows, kv_heads, dim).transpose(0, 1).to(values.dtype)
+    attn = attend(q, keys[:, : start + rows].float(), values[:, : start + rows].float(), start)
+    x = x + linear(attn, layer.o)
+    gate, up = linear(rms_norm(x, layer.ffn_norm, eps), layer.gate_up).chunk(2, dim=-1)
+    return x + linear(torch.nn.functional.silu(gate) * up, layer.down)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal grouped-query attention: q (rows, H, D) at positions start.. over keys and
+    values (G, start + rows, D); row r sees keys 0 .. start + r."""
+    rows, heads, dim = q.shape
+    groups, length = keys.shape[0], keys.shape[1]
+    grouped = q.view(rows, groups, heads // groups, dim).permute(1, 0, 2, 3).reshape(groups, -1, dim)
+    scores = torch.matmul(grouped, keys.transpose(1, 2)) / dim**0.5  # (G, rows * H/G, length)
+    position = torch.arange(start, start + rows, device=q.device)[:, None]
+    visible = torch.arange(length, device=q.device)[None, :] <= position  # (rows, length)
+    scores = scores.view(groups, rows, heads // groups, length).masked_fill(~visible[None, :, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).view(groups, -1, length)
+    out = torch.matmul(weights, values).view(groups, rows, heads // groups, dim).permute(1, 0, 2, 3)
+    return out.reshape(rows, heads * dim)

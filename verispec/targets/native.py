@@ -39,7 +39,9 @@ class NativeTarget:
     context: positions to preallocate (default: the model's, at most ``DEFAULT_CONTEXT``);
     eos_token_ids: ids that end a sequence besides the checkpoint config's (the tokenizer's,
     a generation config's); dtype: the torch path's compute dtype (default float32 on the
-    CPU, bfloat16 on CUDA).
+    CPU, bfloat16 on CUDA); compile: the torch path's layers through ``torch.compile``
+    (default: on a GPU; the CPU runs the C++ kernels, which beat the compiled torch path there,
+    see BENCHMARKS.md).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class NativeTarget:
         context: int | None = None,
         eos_token_ids: Sequence[int] = (),
         dtype: torch.dtype | None = None,
+        compile: bool | None = None,
     ) -> None:
         from verispec.targets.torch_target import cpu_threads
 
@@ -82,7 +85,8 @@ class NativeTarget:
                         "running the native decoder's torch path (several times slower)",
                         stacklevel=2,
                     )
-                self.decoder = TorchDecoder(self.checkpoint, self._context, str(self.device), dtype)
+                use_compile = self.device.type == "cuda" if compile is None else compile
+                self.decoder = TorchDecoder(self.checkpoint, self._context, str(self.device), dtype, use_compile)
         except checkpoints.CheckpointError as error:
             raise TargetError(str(error)) from error
         self.load_seconds = time.perf_counter() - start
