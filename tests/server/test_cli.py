@@ -13,6 +13,22 @@ def test_defaults():
     assert args.cors_origin == [] and args.max_queue == 64
 
 
+def test_help_offers_the_registry_drafters_but_not_the_negative_control(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    options = out[out.index("speculation") :]
+    drafter_help = " ".join(options[options.index("--drafter DRAFTER") : options.index("--k K")].split())
+    assert all(name in drafter_help for name in ("lookup", "head", "block", "model", "none")), drafter_help
+    assert "wrong" not in drafter_help
+
+    from verispec.drafters.base import drafter_names
+
+    offered = drafter_names(controls=False)
+    assert ", ".join(offered) in drafter_help and "wrong" in drafter_names()
+
+
 def test_k_is_a_number_or_auto():
     assert build_parser().parse_args(["serve", "--k", "3"]).k == 3
     assert build_parser().parse_args(["serve", "--k", "auto"]).k == "auto"

@@ -39,11 +39,24 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _DrafterNames:
+    """The drafters offered to users, read from the registry only when help is printed (the
+    registry's modules import torch)."""
+
+    def __str__(self) -> str:
+        from verispec.drafters.base import drafter_names
+
+        return ", ".join(drafter_names(controls=False))
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (completions, chat, streaming)")
     add_model_options(serve)
     spec = serve.add_argument_group("speculation (per-request defaults; requests may override)")
-    spec.add_argument("--drafter", default="lookup", help="lookup, model or none (default: lookup)")
+    drafter = spec.add_argument(
+        "--drafter", default="lookup", help="%(drafters)s; model needs --draft-model (default: %(default)s)"
+    )
+    drafter.drafters = _DrafterNames()  # type: ignore[attr-defined]  # expanded into the help text
     spec.add_argument("--k", type=k_value, default=None, help="drafts per round: auto or a number (default: auto)")
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
@@ -91,7 +104,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,
         cors_origins=list(args.cors_origin),
-        drafters=[d for d in drafter_names() if d != "model" or args.draft_model is not None],
+        drafters=[d for d in drafter_names(controls=False) if d != "model" or args.draft_model is not None],
     )
 
     def load() -> Any:
