@@ -169,6 +169,15 @@ def test_routes_and_methods(server):
     assert_error_shape(httpx.post(server.url + "/health"), 405)
 
 
+def test_seventeen_stop_strings_name_the_limit_of_16(server):
+    body = completion(stop=[f"s{i}" for i in range(17)])
+    error = assert_error_shape(httpx.post(server.url + COMPLETIONS, json=body, timeout=60), 400, "stop")
+    assert "16" in error["message"] and "valid string" not in error["message"], error
+    assert error["code"] == "invalid_value"
+    sixteen = completion(stop=[f"s{i}" for i in range(16)])
+    assert httpx.post(server.url + COMPLETIONS, json=sixteen, timeout=60).status_code == 200
+
+
 def test_form_encoded_body_is_read_as_json(server):
     """curl -d sends application/x-www-form-urlencoded; the body is still JSON."""
     raw = json.dumps(completion(max_tokens=2)).encode()
