@@ -178,6 +178,30 @@ def test_seventeen_stop_strings_name_the_limit_of_16(server):
     assert httpx.post(server.url + COMPLETIONS, json=sixteen, timeout=60).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        (COMPLETIONS, completion(prompt="a\ud800b"), "prompt"),
+        (COMPLETIONS, completion(prompt=["\udfff"]), "prompt[0]"),
+        (
+            CHAT,
+            chat(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": "\ud800"}]),
+            "messages[1].content",
+        ),
+        (COMPLETIONS, completion(stop=["ok", "x\udc00"]), "stop[1]"),
+    ],
+    ids=["prompt", "prompt list", "chat content", "stop"],
+)
+def test_a_lone_surrogate_is_an_invalid_value_of_its_field(server, route, body, param):
+    raw = json.dumps(body).encode()  # "\ud800" as JSON spells it: an escape (httpx's json= cannot encode it)
+    response = httpx.post(server.url + route, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    error = assert_error_shape(response, 400, param)
+    assert error["code"] == "invalid_value" and "surrogate" in error["message"], error
+    paired = json.dumps(completion(prompt="a\ud83d\ude00b")).encode()  # a valid pair: one character
+    response = httpx.post(server.url + COMPLETIONS, content=paired, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+
+
 def test_form_encoded_body_is_read_as_json(server):
     """curl -d sends application/x-www-form-urlencoded; the body is still JSON."""
     raw = json.dumps(completion(max_tokens=2)).encode()

@@ -14,6 +14,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -34,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from verispec.engine import Engine, Generation
 from verispec.sampling import InvalidParameterError, SamplingParams
 from verispec.server import schemas
-from verispec.server.errors import APIError, error_body, error_bytes, validation_error
+from verispec.server.errors import APIError, error_body, error_bytes, param_path, validation_error
 from verispec.server.metrics import Metrics
 from verispec.server.worker import EngineWorker, GenerationJob, flatten_messages
 
@@ -56,6 +57,7 @@ ROUTES = (
 UNGUARDED = ("/health",)
 ALWAYS_OPEN = ("/health", "/metrics")  # answered while draining
 CLEANUP_KEY = "verispec.cleanup"  # scope entry: callables the gate runs when a request ends
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -411,12 +413,38 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
         raise APIError(400, f"the request body is not valid JSON: {str(error)[:100]}", code="invalid_json") from error
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_body")
+    where = _lone_surrogate(data) if b"\\u" in raw else None  # JSON spells one only as an escape
+    if where is not None:
+        param = param_path(where)
+        raise APIError(
+            400,
+            f"{param}: holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not a character",
+            param=param,
+            code="invalid_value",
+        )
     try:
         return model.model_validate(data)
     except ValidationError as error:
         raise validation_error(error.errors(include_url=False, include_input=False)) from error
     except RecursionError as error:
         raise APIError(400, "the request body is nested too deeply", code="invalid_body") from error
+
+
+def _lone_surrogate(data: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Where the first string (value or key) holding an unpaired surrogate is, if any."""
+    pending: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while pending:
+        loc, value = pending.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return loc
+        elif isinstance(value, (dict, list)):
+            items = list(value.items() if isinstance(value, dict) else enumerate(value))
+            for key, _ in items:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return (*loc, key)
+            pending.extend(((*loc, key), item) for key, item in reversed(items))  # popped in document order
+    return None
 
 
 def _check_common(state: ServerState, body: schemas.CompletionRequest | schemas.ChatCompletionRequest) -> None:
