@@ -10,7 +10,12 @@ from verispec.cli import build_parser, main
 def test_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "auto")
-    assert args.cors_origin == [] and args.max_queue == 64
+    assert args.cors_origin == [] and args.max_queue == 64 and args.allowed_hosts == []
+
+
+def test_allowed_hosts_comma_separated_or_repeated():
+    args = build_parser().parse_args(["serve", "--allowed-hosts", "a.example, b.example", "--allowed-hosts", "*"])
+    assert args.allowed_hosts == ["a.example", "b.example", "*"]
 
 
 def test_help_offers_the_registry_drafters_but_not_the_negative_control(capsys):

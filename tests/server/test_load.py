@@ -146,7 +146,8 @@ def raw_post(server, body: dict) -> socket.socket:
     """Send a request on a bare socket (to hang up on it later without reading)."""
     payload = json.dumps(body).encode()
     head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}"
     )
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(head.encode() + b"\r\n\r\n" + payload)

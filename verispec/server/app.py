@@ -2,9 +2,12 @@
 
 ``create_app`` builds a FastAPI app around a ``ServerState``. The model loads in a thread
 started at startup, so the server listens (and ``/health`` answers 503) while it loads.
-Every request passes the ``Gate`` first: it refuses new work while draining (503), checks
-the API key (401), bounds and checks the body (413, invalid UTF-8), and records the
-request's metrics. Generation requests are parsed here and run by the ``EngineWorker``.
+Every request passes the ``Gate`` first: it refuses a ``Host`` that does not name this
+server (403, against DNS rebinding), new work while draining (503), a missing or wrong API
+key (401), a generation request whose body is not declared JSON (415: a web page can send
+plain text or a form to another site without asking first, never JSON), bounds and checks
+the body (413, invalid UTF-8), and records the request's metrics. Generation requests are
+parsed here and run by the ``EngineWorker``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import re
@@ -35,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from verispec.engine import Engine, Generation
 from verispec.sampling import InvalidParameterError, SamplingParams
 from verispec.server import schemas
-from verispec.server.errors import APIError, error_body, error_bytes, param_path, validation_error
+from verispec.server.errors import APIError, error_body, error_bytes, param_path, truncate, validation_error
 from verispec.server.metrics import Metrics
 from verispec.server.worker import EngineWorker, GenerationJob, flatten_messages
 
@@ -54,9 +58,11 @@ ROUTES = (
     "/docs",
     "/redoc",
 )
+JSON_ROUTES = ("/v1/completions", "/v1/chat/completions")  # POST routes whose body must be declared JSON
 UNGUARDED = ("/health",)
 ALWAYS_OPEN = ("/health", "/metrics")  # answered while draining
 CLEANUP_KEY = "verispec.cleanup"  # scope entry: callables the gate runs when a request ends
+ANY_HOST = "*"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -72,6 +78,8 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     drain_timeout: float = 30.0
     cors_origins: list[str] = field(default_factory=list)
+    # Host names requests may be addressed to besides localhost and IP addresses ("*": any).
+    allowed_hosts: list[str] = field(default_factory=list)
     drafters: list[str] = field(default_factory=list)  # usable drafter names, for the OpenAPI document
 
 
@@ -195,6 +203,15 @@ class Gate:
     def _refusal(self, scope: Scope) -> APIError | None:
         path = scope["path"]
         settings = self.state.settings
+        host = _header(scope, b"host")
+        if host is not None and not host_allowed(host, settings.allowed_hosts):
+            name = truncate(host_name(host))
+            return APIError(
+                403,
+                f"requests to host {name!r} are refused (a guard against DNS rebinding): address the server as "
+                f"localhost or by IP address, or start it with --allowed-hosts {name}",
+                code="host_not_allowed",
+            )
         if self.state.draining and path not in ALWAYS_OPEN:
             return APIError(503, "the server is shutting down and accepts no new requests", code="server_draining")
         if settings.api_key is not None and path not in UNGUARDED and scope["method"] != "OPTIONS":
@@ -205,6 +222,15 @@ class Gate:
                 )
             if not hmac.compare_digest(supplied.encode(), settings.api_key.encode()):
                 return APIError(401, "invalid API key", code="invalid_api_key")
+        if scope["method"] == "POST" and path in JSON_ROUTES:
+            media_type = (_header(scope, b"content-type") or "").partition(";")[0].strip().lower()
+            if media_type != "application/json":
+                sent = f"not {truncate(media_type)!r}" if media_type else "sent without one"
+                return APIError(
+                    415,
+                    f"the body must be JSON, with the header 'Content-Type: application/json' ({sent})",
+                    code="unsupported_media_type",
+                )
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, APIError | None]:
@@ -244,15 +270,46 @@ class Gate:
         return body, None
 
 
-def _bearer(scope: Scope) -> str | None:
+def _header(scope: Scope, wanted: bytes) -> str | None:
     for name, value in scope["headers"]:
-        if name == b"authorization":
-            text = value.decode("latin-1")
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-            return None
+        if name == wanted:
+            return value.decode("latin-1")
     return None
+
+
+def _bearer(scope: Scope) -> str | None:
+    text = _header(scope, b"authorization")
+    if text is None:
+        return None
+    scheme, _, token = text.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:8000`` -> ``::1``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def host_allowed(host: str, allowed: list[str]) -> bool:
+    """Whether a request addressed to ``host`` may be served.
+
+    A DNS-rebinding page reaches a local server through a name the attacker controls; an IP
+    address or ``localhost`` (and ``*.localhost``, which resolves to loopback) cannot be such
+    a name. Other names must be listed (``--allowed-hosts``; ``--host`` adds its own).
+    """
+    if ANY_HOST in allowed:
+        return True
+    name = host_name(host).rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in {entry.lower().rstrip(".") for entry in allowed}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -322,8 +379,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, description in {
         400: "invalid request",
         401: "missing or wrong API key",
+        403: "Host not allowed (--allowed-hosts)",
         404: "unknown model",
         413: "body over --max-body-bytes",
+        415: "body not sent as application/json",
         429: "admission queue full (Retry-After)",
         500: "generation failed",
         503: "model loading or server draining",

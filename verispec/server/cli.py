@@ -49,6 +49,10 @@ class _DrafterNames:
         return ", ".join(drafter_names(controls=False))
 
 
+def _host_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (completions, chat, streaming)")
     add_model_options(serve)
@@ -65,6 +69,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})",
+    )
+    http.add_argument(
+        "--allowed-hosts",
+        type=_host_names,
+        action="extend",
+        default=[],
+        help="host names requests may be addressed to (Host header), besides localhost, IP addresses and --host; "
+        "comma-separated or repeated; * allows any (default: none; a guard against DNS rebinding)",
     )
     http.add_argument(
         "--max-queue", type=_bounded_int(0), default=64, help="requests that may wait for the engine (default: 64)"
@@ -104,6 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,
         cors_origins=list(args.cors_origin),
+        allowed_hosts=[*args.allowed_hosts, args.host],
         drafters=[d for d in drafter_names(controls=False) if d != "model" or args.draft_model is not None],
     )
 
