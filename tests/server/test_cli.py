@@ -18,6 +18,14 @@ def test_allowed_hosts_comma_separated_or_repeated():
     assert args.allowed_hosts == ["a.example", "b.example", "*"]
 
 
+@pytest.mark.parametrize("option", ["--max-queue"])
+def test_negative_limits_are_refused_at_start_up(option, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", option, "-1"])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: must be >= " in capsys.readouterr().err
+
+
 def test_help_offers_the_registry_drafters_but_not_the_negative_control(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--help"])

@@ -31,6 +31,18 @@ def queued(chat_dir, tmp_path_factory):
     assert_clean_shutdown(process, status)
 
 
+@pytest.fixture(scope="module")
+def unqueued(chat_dir, tmp_path_factory):
+    """A server with no waiting room: a request runs if the engine is free, else 429."""
+    log = tmp_path_factory.mktemp("logs") / "unqueued.log"
+    process = ServerProcess(chat_dir, log, "--max-queue", "0")
+    try:
+        yield process.wait_ready()
+    finally:
+        status = process.terminate()
+    assert_clean_shutdown(process, status)
+
+
 def first_token(lines: Iterator[str]) -> str:
     """Read a completions stream's lines up to its first piece of text.
 
@@ -117,6 +129,24 @@ def test_queue_full_gives_429_with_retry_after(queued):
     # Leaving the stream aborts the running request; the waiting one then runs.
     thread.join(30)
     assert waiting and waiting[0].status_code == 200
+
+
+def test_max_queue_0_runs_a_request_when_the_engine_is_free_and_refuses_it_when_busy(unqueued):
+    url = unqueued.url + "/v1/completions"
+    short = {"model": unqueued.model, "prompt": "abc", "max_tokens": 2}
+    with httpx.Client(timeout=60) as client:
+        # One after another, each sent as soon as the previous answer arrived: the engine is free.
+        for _ in range(5):
+            response = client.post(url, json=short)
+            assert response.status_code == 200, response.text
+        with client.stream("POST", url, json={"model": unqueued.model, **LONG}) as running:
+            lines = running.iter_lines()
+            first_token(lines)
+            error = assert_error_shape(client.post(url, json=short), 429)
+            assert error["code"] == "queue_full" and "--max-queue 0" in error["message"]
+            del lines
+        wait_for(lambda: unqueued.gauge("verispec_running_requests") == 0)
+        assert client.post(url, json=short).status_code == 200
 
 
 @pytest.mark.slow

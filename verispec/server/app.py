@@ -74,7 +74,7 @@ class ServerSettings:
     drafter: str | None = None
     k: int | str | None = None
     api_key: str | None = None
-    max_queue: int = 64
+    max_queue: int = 64  # requests that may wait while one runs; 0: run when free, else 429
     max_body_bytes: int = 1 << 20
     drain_timeout: float = 30.0
     cors_origins: list[str] = field(default_factory=list)

@@ -79,7 +79,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "comma-separated or repeated; * allows any (default: none; a guard against DNS rebinding)",
     )
     http.add_argument(
-        "--max-queue", type=_bounded_int(0), default=64, help="requests that may wait for the engine (default: 64)"
+        "--max-queue",
+        type=_bounded_int(0),
+        default=64,
+        help="requests that may wait while one runs; 0: a request runs if the engine is free, else 429 (default: 64)",
     )
     http.add_argument(
         "--max-body-bytes", type=_bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"

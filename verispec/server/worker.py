@@ -9,7 +9,9 @@ checks, and generates, sending events back to the job's asyncio queue:
 
 Cancelling a job (client gone, shutdown) sets a flag the worker checks before it starts the
 job and after every piece the engine yields, i.e. between rounds; it then closes the
-engine's stream, which resets the target, so the slot is free within one round.
+engine's stream, which resets the target, so the slot is free within one round. A job's
+last event goes out once the engine is free again, so a client that sends its next request
+on receiving it finds the engine free (``--max-queue 0`` would otherwise refuse it).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class GenerationJob:
 
 
 class EngineWorker:
-    """Runs jobs on ``engine`` in a thread of its own, admitting at most ``max_queue`` waiting."""
+    """Runs jobs on ``engine`` in a thread of its own, admitting at most ``max_queue`` waiting
+    (0: a job runs if the engine is free, else it is refused)."""
 
     def __init__(
         self,
@@ -76,6 +79,8 @@ class EngineWorker:
         drafter: str | None = None,
         k: int | str | None = None,
     ) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
@@ -103,7 +108,8 @@ class EngineWorker:
     def submit(self, job: GenerationJob) -> None:
         """Admit ``job`` or raise a 429 ``APIError`` when the queue is full."""
         with self._lock:
-            if len(self._waiting) >= self.max_queue:
+            free = self._running is None and not self._waiting
+            if not free and len(self._waiting) >= self.max_queue:
                 raise APIError(
                     429,
                     f"the server is busy: {len(self._waiting)} requests are waiting (--max-queue {self.max_queue})",
@@ -156,11 +162,11 @@ class EngineWorker:
                 self.metrics.queue_depth.set(len(self._waiting))
                 self.metrics.running.set(1)
             start = time.perf_counter()
+            last: Event = ("failed", APIError(500, "internal error while generating", code="internal_error"))
             try:
-                self._run(job)
+                last = self._run(job)
             except Exception:  # never let one request take the worker down
                 log.exception("%s: unexpected failure", job.id)
-                job.emit("failed", APIError(500, "internal error while generating", code="internal_error"))
             finally:
                 elapsed = time.perf_counter() - start
                 with self._lock:
@@ -168,17 +174,17 @@ class EngineWorker:
                     self._running = None
                     self._service_seconds += SERVICE_EMA * (elapsed - self._service_seconds)
                     self.metrics.running.set(0)
+                job.emit(*last)
 
-    def _run(self, job: GenerationJob) -> None:
+    def _run(self, job: GenerationJob) -> Event:
+        """Run ``job``, emitting its events but the last, which it returns."""
         if job.cancelled.is_set():
-            job.emit("aborted", "cancelled")
-            return
+            return ("aborted", "cancelled")
         try:
             stream, prompt_tokens = self._start(job)
         except APIError as error:
             self.metrics.generations.labels(outcome="rejected").inc()
-            job.emit("failed", error)
-            return
+            return ("failed", error)
         job.emit("started", prompt_tokens)
         start = time.perf_counter()
         pieces = 0
@@ -192,23 +198,20 @@ class EngineWorker:
         except NonFiniteLogitsError as error:
             self.metrics.generations.labels(outcome="failed").inc()
             log.error("%s failed: %s", job.id, error)
-            job.emit("failed", APIError(500, f"the model produced invalid logits: {error}", code="non_finite_logits"))
-            return
+            return ("failed", APIError(500, f"the model produced invalid logits: {error}", code="non_finite_logits"))
         except Exception as error:
             self.metrics.generations.labels(outcome="failed").inc()
             log.exception("%s failed", job.id)
-            job.emit("failed", APIError(500, f"generation failed: {truncate(str(error), 200)}", code="internal_error"))
-            return
+            return ("failed", APIError(500, f"generation failed: {truncate(str(error), 200)}", code="internal_error"))
         finally:
             stream.close()  # ends the engine's request; its finally resets the target
         result = stream.result
         if job.cancelled.is_set() or result is None:
             self.metrics.generations.labels(outcome="aborted").inc()
             log.info("%s aborted after %d pieces (%.2f s)", job.id, pieces, time.perf_counter() - start)
-            job.emit("aborted", "cancelled")
-            return
+            return ("aborted", "cancelled")
         self._finish(job, result, time.perf_counter() - start)
-        job.emit("done", result)
+        return ("done", result)
 
     def _start(self, job: GenerationJob) -> tuple[Any, int]:
         """Tokenize, check the request against the context, and start the engine's stream."""
