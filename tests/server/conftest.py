@@ -8,6 +8,7 @@ from tests.server.harness import ServerProcess, assert_clean_shutdown, chat_mode
 
 MAIN_BODY_LIMIT = 65536
 ALLOWED_HOSTS = ("models.internal", "Other.Example")
+MAX_PROMPT_TOKENS = 40
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +31,9 @@ def server(chat_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def limited(chat_dir, tmp_path_factory):
-    """A server with the limits and defaults set: host names."""
+    """A server with the limits and defaults set: host names, prompt length."""
     log = tmp_path_factory.mktemp("logs") / "limited.log"
-    options = ["--allowed-hosts", ",".join(ALLOWED_HOSTS)]
+    options = ["--allowed-hosts", ",".join(ALLOWED_HOSTS), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS)]
     process = ServerProcess(chat_dir, log, *options)
     try:
         yield process.wait_ready()

@@ -11,6 +11,7 @@ def test_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "auto")
     assert args.cors_origin == [] and args.max_queue == 64 and args.allowed_hosts == []
+    assert args.max_prompt_tokens is None
 
 
 def test_allowed_hosts_comma_separated_or_repeated():
@@ -18,7 +19,7 @@ def test_allowed_hosts_comma_separated_or_repeated():
     assert args.allowed_hosts == ["a.example", "b.example", "*"]
 
 
-@pytest.mark.parametrize("option", ["--max-queue"])
+@pytest.mark.parametrize("option", ["--max-queue", "--max-prompt-tokens"])
 def test_negative_limits_are_refused_at_start_up(option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", option, "-1"])

@@ -76,6 +76,7 @@ class ServerSettings:
     api_key: str | None = None
     max_queue: int = 64  # requests that may wait while one runs; 0: run when free, else 429
     max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None  # None: the model's context is the only limit
     drain_timeout: float = 30.0
     cors_origins: list[str] = field(default_factory=list)
     # Host names requests may be addressed to besides localhost and IP addresses ("*": any).
@@ -97,8 +98,14 @@ class ServerState:
         self.created = int(time.time())
 
     def attach(self, engine: Engine) -> None:
+        settings = self.settings
         worker = EngineWorker(
-            engine, self.metrics, max_queue=self.settings.max_queue, drafter=self.settings.drafter, k=self.settings.k
+            engine,
+            self.metrics,
+            max_queue=settings.max_queue,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            drafter=settings.drafter,
+            k=settings.k,
         )
         worker.start()
         self.engine = engine

@@ -88,6 +88,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-body-bytes", type=_bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"
     )
     http.add_argument(
+        "--max-prompt-tokens",
+        type=_bounded_int(1),
+        default=None,
+        help="longest prompt in tokens; longer ones get 400 context_length_exceeded (default: the model's context)",
+    )
+    http.add_argument(
         "--drain-timeout", type=_seconds, default=30.0, help="on SIGTERM, seconds to let requests finish (default: 30)"
     )
     http.add_argument(
@@ -117,6 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
         drain_timeout=args.drain_timeout,
         cors_origins=list(args.cors_origin),
         allowed_hosts=[*args.allowed_hosts, args.host],

@@ -68,7 +68,8 @@ class GenerationJob:
 
 class EngineWorker:
     """Runs jobs on ``engine`` in a thread of its own, admitting at most ``max_queue`` waiting
-    (0: a job runs if the engine is free, else it is refused)."""
+    (0: a job runs if the engine is free, else it is refused) and prompts of at most
+    ``max_prompt_tokens`` (None: the context is the limit)."""
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class EngineWorker:
         metrics: Metrics,
         *,
         max_queue: int,
+        max_prompt_tokens: int | None = None,
         drafter: str | None = None,
         k: int | str | None = None,
     ) -> None:
@@ -84,6 +86,7 @@ class EngineWorker:
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
+        self.max_prompt_tokens = max_prompt_tokens
         self.default_drafter = drafter
         self.default_k = k
         self._jobs: queue.Queue[GenerationJob | None] = queue.Queue()
@@ -231,6 +234,15 @@ class EngineWorker:
             raise APIError(
                 400, f"the prompt could not be tokenized: {truncate(str(error), 200)}", param=job.prompt_param
             ) from error
+        limit = self.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens, over this server's limit of {limit} prompt tokens "
+                "(--max-prompt-tokens): shorten the prompt",
+                param=job.prompt_param,
+                code="context_length_exceeded",
+            )
         context = engine.target.context_length
         if len(ids) >= context:
             raise APIError(
