@@ -9,6 +9,7 @@ from tests.server.harness import ServerProcess, assert_clean_shutdown, chat_mode
 MAIN_BODY_LIMIT = 65536
 ALLOWED_HOSTS = ("models.internal", "Other.Example")
 MAX_PROMPT_TOKENS = 40
+DEFAULT_MAX_TOKENS = 5
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +32,10 @@ def server(chat_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def limited(chat_dir, tmp_path_factory):
-    """A server with the limits and defaults set: host names, prompt length."""
+    """A server with the limits and defaults set: host names, prompt length, chat's max_tokens."""
     log = tmp_path_factory.mktemp("logs") / "limited.log"
     options = ["--allowed-hosts", ",".join(ALLOWED_HOSTS), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS)]
-    process = ServerProcess(chat_dir, log, *options)
+    process = ServerProcess(chat_dir, log, *options, "--default-max-tokens", str(DEFAULT_MAX_TOKENS))
     try:
         yield process.wait_ready()
     finally:

@@ -203,6 +203,14 @@ def test_a_lone_surrogate_is_an_invalid_value_of_its_field(server, route, body, 
     assert response.status_code == 200, response.text
 
 
+def test_completions_without_max_tokens_get_openai_default_of_16(server):
+    body = without(completion(prompt="hello world", temperature=0, speculative={"drafter": "none"}), "max_tokens")
+    response = httpx.post(server.url + COMPLETIONS, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 16
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_the_server_still_serves_after_bad_input(server):
     response = httpx.post(server.url + COMPLETIONS, json=completion(max_tokens=3, temperature=0), timeout=60)
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3

@@ -10,8 +10,8 @@ from verispec.cli import build_parser, main
 def test_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "auto")
-    assert args.cors_origin == [] and args.max_queue == 64 and args.allowed_hosts == []
-    assert args.max_prompt_tokens is None
+    assert args.cors_origin == [] and args.max_queue == 64
+    assert args.max_prompt_tokens is None and args.default_max_tokens == 1024 and args.allowed_hosts == []
 
 
 def test_allowed_hosts_comma_separated_or_repeated():
@@ -19,7 +19,7 @@ def test_allowed_hosts_comma_separated_or_repeated():
     assert args.allowed_hosts == ["a.example", "b.example", "*"]
 
 
-@pytest.mark.parametrize("option", ["--max-queue", "--max-prompt-tokens"])
+@pytest.mark.parametrize("option", ["--max-queue", "--max-prompt-tokens", "--default-max-tokens"])
 def test_negative_limits_are_refused_at_start_up(option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", option, "-1"])

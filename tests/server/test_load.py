@@ -11,11 +11,23 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.harness import ServerProcess, assert_clean_shutdown, assert_error_shape, sse_events
+from tests.server.harness import (
+    LONG_MAX_TOKENS,
+    ServerProcess,
+    assert_clean_shutdown,
+    assert_error_shape,
+    sse_events,
+)
 
-# Greedy, plain decoding and no max_tokens: runs to the end of the 4096-token context
-# (seconds), so a request that is not aborted is noticed.
-LONG = {"prompt": "hello world", "temperature": 0, "stream": True, "speculative": {"drafter": "none", "k": 0}}
+# Greedy and plain decoding to nearly the end of the 4096-token context (seconds), so a
+# request that is not aborted is noticed.
+LONG = {
+    "prompt": "hello world",
+    "max_tokens": LONG_MAX_TOKENS,
+    "temperature": 0,
+    "stream": True,
+    "speculative": {"drafter": "none", "k": 0},
+}
 ABORTED = ("verispec_generations_total", (("outcome", "aborted"),))
 
 

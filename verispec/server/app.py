@@ -48,6 +48,7 @@ log = logging.getLogger("verispec.server")
 DISCONNECT_POLL_SECONDS = 0.1
 CLIENT_CLOSED_REQUEST = 499  # the status recorded for a client that left before its response
 LOADING_RETRY_AFTER = 5
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 ROUTES = (
     "/v1/completions",
     "/v1/chat/completions",
@@ -77,6 +78,7 @@ class ServerSettings:
     max_queue: int = 64  # requests that may wait while one runs; 0: run when free, else 429
     max_body_bytes: int = 1 << 20
     max_prompt_tokens: int | None = None  # None: the model's context is the only limit
+    default_max_tokens: int = 1024  # chat requests without max_tokens (completions: OpenAI's 16)
     drain_timeout: float = 30.0
     cors_origins: list[str] = field(default_factory=list)
     # Host names requests may be addressed to besides localhost and IP addresses ("*": any).
@@ -582,6 +584,7 @@ def _completion_job(state: ServerState, body: schemas.CompletionRequest) -> Gene
         chat=False,
         params=_sampling(body),
         max_tokens=body.max_tokens,
+        default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
         drafter=drafter,
         k=k,
         prompt_param="prompt",
@@ -599,6 +602,7 @@ def _chat_job(state: ServerState, body: schemas.ChatCompletionRequest) -> Genera
         chat=True,
         params=_sampling(body),
         max_tokens=max_tokens,
+        default_max_tokens=state.settings.default_max_tokens,
         drafter=drafter,
         k=k,
         prompt_param="messages",

@@ -94,6 +94,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="longest prompt in tokens; longer ones get 400 context_length_exceeded (default: the model's context)",
     )
     http.add_argument(
+        "--default-max-tokens",
+        type=_bounded_int(1),
+        default=1024,
+        help="max_tokens of chat requests that set none (default: 1024; /v1/completions: 16, as OpenAI's)",
+    )
+    http.add_argument(
         "--drain-timeout", type=_seconds, default=30.0, help="on SIGTERM, seconds to let requests finish (default: 30)"
     )
     http.add_argument(
@@ -124,6 +130,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
+        default_max_tokens=args.default_max_tokens,
         drain_timeout=args.drain_timeout,
         cors_origins=list(args.cors_origin),
         allowed_hosts=[*args.allowed_hosts, args.host],

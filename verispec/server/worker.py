@@ -52,7 +52,8 @@ class GenerationJob:
     prompt: str | list[int] | list[dict[str, str]]
     chat: bool
     params: SamplingParams  # max_tokens is replaced once the prompt's length is known
-    max_tokens: int | None  # None: up to the end of the context
+    max_tokens: int | None  # None: default_max_tokens, cut to the room the context leaves
+    default_max_tokens: int
     drafter: str | None  # None: the engine's default
     k: int | str | None
     prompt_param: str  # the request field the prompt came from, for errors
@@ -251,7 +252,7 @@ class EngineWorker:
                 param=job.prompt_param,
                 code="context_length_exceeded",
             )
-        max_tokens = job.max_tokens if job.max_tokens is not None else context - len(ids)
+        max_tokens = job.max_tokens if job.max_tokens is not None else min(job.default_max_tokens, context - len(ids))
         if len(ids) + max_tokens > context:
             raise APIError(
                 400,
