@@ -94,6 +94,8 @@ def test_cors_only_for_the_configured_origin(guarded, server):
     assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
     other = httpx.options(guarded.url + "/v1/completions", headers={"Origin": "http://evil.example", **preflight})
     assert "access-control-allow-origin" not in other.headers
+    error = assert_error_shape(other, 400)
+    assert error["code"] == "cors_refused" and "origin" in error["message"]
     response = httpx.get(guarded.url + "/v1/models", headers={"Origin": ORIGIN, **AUTH})
     assert response.headers["access-control-allow-origin"] == ORIGIN
     # The main server was started without --cors-origin: no CORS headers at all.

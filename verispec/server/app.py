@@ -29,11 +29,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware as StarletteCORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from verispec.engine import Engine, Generation
@@ -154,7 +155,7 @@ def create_app(
     app.add_middleware(Gate, state=state)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            CORSMiddleware,  # outside the gate: the gate's errors carry CORS headers too
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
@@ -341,6 +342,19 @@ async def send_error(send: Send, error: APIError) -> None:
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+class CORSMiddleware(StarletteCORSMiddleware):
+    """Starlette's CORS, its refusal of a preflight in the one error shape (not plain text)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")}
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")  # "origin, method"
+        message = f"CORS preflight refused: disallowed {refused} (allowed origins are set with --cors-origin)"
+        return error_response(APIError(400, message, code="cors_refused", headers=headers))
 
 
 # --- errors --------------------------------------------------------------------------------
