@@ -161,6 +161,24 @@ def test_max_queue_0_runs_a_request_when_the_engine_is_free_and_refuses_it_when_
         assert client.post(url, json=short).status_code == 200
 
 
+def test_a_stream_cut_by_its_client_is_counted_as_499_with_its_tokens(queued):
+    def count(status: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return ("verispec_requests_total", (("route", "/v1/completions"), ("status", status)))
+
+    generated = ("verispec_generated_tokens_total", ())
+    before = queued.metrics()
+    with httpx.stream("POST", queued.url + "/v1/completions", json={"model": queued.model, **LONG}) as response:
+        lines = response.iter_lines()
+        pieces = [first_token(lines) for _ in range(3)]
+    assert len(pieces) == 3
+    # The engine stops after its current round; the request is counted once the gate sees it end.
+    wait_for(lambda: queued.gauge("verispec_running_requests") == 0)
+    wait_for(lambda: queued.metrics().get(count("499"), 0.0) == before.get(count("499"), 0.0) + 1)
+    after = queued.metrics()
+    assert after.get(count("200"), 0.0) == before.get(count("200"), 0.0)
+    assert after[generated] - before.get(generated, 0.0) >= len(pieces)  # at least a token a piece
+
+
 @pytest.mark.slow
 def test_fifty_streams_closed_after_their_first_token(queued):
     url = queued.url + "/v1/completions"

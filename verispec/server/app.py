@@ -6,8 +6,9 @@ Every request passes the ``Gate`` first: it refuses a ``Host`` that does not nam
 server (403, against DNS rebinding), new work while draining (503), a missing or wrong API
 key (401), a generation request whose body is not declared JSON (415: a web page can send
 plain text or a form to another site without asking first, never JSON), bounds and checks
-the body (413, invalid UTF-8), and records the request's metrics. Generation requests are
-parsed here and run by the ``EngineWorker``.
+the body (413, invalid UTF-8), and records the request's metrics (499 for a response cut
+short by its client leaving). Generation requests are parsed here and run by the
+``EngineWorker``.
 """
 
 from __future__ import annotations
@@ -182,18 +183,28 @@ class Gate:
         path = scope["path"]
         route = path if path in ROUTES else "other"
         status = 500
+        complete = False  # the response's last byte went out
+        disconnected = False  # the client left
 
         async def send_recording(message: Message) -> None:
-            nonlocal status
+            nonlocal status, complete
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+
+        async def receive_recording() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            disconnected = disconnected or message["type"] == "http.disconnect"
+            return message
 
         try:
             refusal = self._refusal(scope)
             body: bytes | None = None
             if refusal is None and scope["method"] in ("POST", "PUT", "PATCH"):
-                body, refusal = await self._read_body(scope, receive)
+                body, refusal = await self._read_body(scope, receive_recording)
             if refusal is not None:
                 await send_error(send_recording, refusal)
                 return
@@ -201,12 +212,15 @@ class Gate:
             cleanup: list[Callable[[], None]] = []
             scope[CLEANUP_KEY] = cleanup
             try:
-                await self.app(scope, _replay(body, receive) if body is not None else receive, send_recording)
+                app_receive = _replay(body, receive_recording) if body is not None else receive_recording
+                await self.app(scope, app_receive, send_recording)
             finally:
                 self.state.inflight -= 1
                 for action in cleanup:
                     action()
         finally:
+            if disconnected and not complete:  # a stream cut short, say: not a 200 to count
+                status = CLIENT_CLOSED_REQUEST
             self.state.metrics.requests.labels(route=route, status=str(status)).inc()
             self.state.metrics.latency.labels(route=route).observe(time.perf_counter() - start)
 

@@ -191,12 +191,10 @@ class EngineWorker:
             return ("failed", error)
         job.emit("started", prompt_tokens)
         start = time.perf_counter()
-        pieces = 0
         try:
             for piece in stream:  # one piece per round, possibly empty
                 if piece:
                     job.emit("piece", piece)
-                    pieces += 1
                 if job.cancelled.is_set():
                     break
         except NonFiniteLogitsError as error:
@@ -211,8 +209,11 @@ class EngineWorker:
             stream.close()  # ends the engine's request; its finally resets the target
         result = stream.result
         if job.cancelled.is_set() or result is None:
+            # What ran before the stop counts too: the tokens generated, the prefill.
+            stats = stream.stats
             self.metrics.generations.labels(outcome="aborted").inc()
-            log.info("%s aborted after %d pieces (%.2f s)", job.id, pieces, time.perf_counter() - start)
+            self.metrics.observe_generation(stats, stats.prompt_tokens, stats.tokens)
+            log.info("%s aborted after %d tokens (%.2f s)", job.id, stats.tokens, time.perf_counter() - start)
             return ("aborted", "cancelled")
         self._finish(job, result, time.perf_counter() - start)
         return ("done", result)
