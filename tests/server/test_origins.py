@@ -18,7 +18,12 @@ from tests.server.harness import assert_error_shape
 GENERATED = ("verispec_generations_total", (("outcome", "finished"),))
 
 
-def body(server) -> bytes:
+def body(server, route: str = "/v1/completions") -> bytes:
+    """A valid body for ``route``: sent as JSON, it would be served."""
+    if route == "/v1/chat/completions":
+        return json.dumps(
+            {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        ).encode()
     return json.dumps({"model": server.model, "prompt": "hello", "max_tokens": 2}).encode()
 
 
@@ -31,14 +36,15 @@ def test_generation_bodies_must_be_declared_json(server, route, content_type):
     headers = {"Origin": "http://evil.example"}
     if content_type is not None:
         headers["Content-Type"] = content_type
-    response = httpx.post(server.url + route, content=body(server), headers=headers, timeout=60)
+    response = httpx.post(server.url + route, content=body(server, route), headers=headers, timeout=60)
     error = assert_error_shape(response, 415)
     assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
 
 
-def test_json_with_a_charset_is_json(server):
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_json_with_a_charset_is_json(server, route):
     headers = {"Content-Type": "Application/JSON; charset=utf-8"}
-    response = httpx.post(server.url + "/v1/completions", content=body(server), headers=headers, timeout=60)
+    response = httpx.post(server.url + route, content=body(server, route), headers=headers, timeout=60)
     assert response.status_code == 200, response.text
 
 
