@@ -78,7 +78,7 @@ class _Request:
 
 class GenerationStream:
     """Iterates over text pieces, one per round (empty when a round completed no character);
-    ``result`` is set once it ends.
+    ``result`` is set once it ends; ``stats`` counts the request so far (also when closed early).
 
     Closing it early (``close()`` or leaving a ``with`` block) ends the request, and the
     target's cache is reset in the engine's ``finally``.
@@ -87,6 +87,7 @@ class GenerationStream:
     def __init__(self) -> None:
         self._pieces: Iterator[str] = iter(())
         self.result: Generation | None = None
+        self.stats = RequestStats()
 
     def __iter__(self) -> Iterator[str]:
         return self._pieces
@@ -212,6 +213,7 @@ class Engine:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         request = _Request(prompt_ids, params, the_drafter, k, k_max, seed, TextStream(self.tokenizer, params.stop))
         stream = GenerationStream()
+        stream.stats = request.stats
         stream._pieces = self._run(request, stream)
         return stream
 

@@ -1,4 +1,4 @@
-"""Fixtures: the tiny chat model on disk and the main server process, shared by the modules."""
+"""Fixtures: the tiny chat model on disk and the server processes shared by the modules."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import pytest
 from tests.server.harness import ServerProcess, assert_clean_shutdown, chat_model
 
 MAIN_BODY_LIMIT = 65536
+ALLOWED_HOSTS = ("models.internal", "Other.Example")
+MAX_PROMPT_TOKENS = 40
+DEFAULT_MAX_TOKENS = 5
 
 
 @pytest.fixture(scope="session")
@@ -24,4 +27,17 @@ def server(chat_dir, tmp_path_factory):
     finally:
         status = process.terminate()
     # Whatever the tests sent, nothing crashed inside the server, and it shut down cleanly.
+    assert_clean_shutdown(process, status)
+
+
+@pytest.fixture(scope="session")
+def limited(chat_dir, tmp_path_factory):
+    """A server with the limits and defaults set: host names, prompt length, chat's max_tokens."""
+    log = tmp_path_factory.mktemp("logs") / "limited.log"
+    options = ["--allowed-hosts", ",".join(ALLOWED_HOSTS), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS)]
+    process = ServerProcess(chat_dir, log, *options, "--default-max-tokens", str(DEFAULT_MAX_TOKENS))
+    try:
+        yield process.wait_ready()
+    finally:
+        status = process.terminate()
     assert_clean_shutdown(process, status)

@@ -28,7 +28,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant, {% endif %}"
 )
 UNK = 2  # the char tokenizer's <unk>: any character outside its vocabulary
-CONTEXT = 4096  # long enough that a greedy request without max_tokens runs for seconds
+CONTEXT = 4096  # long enough that a greedy request for most of it runs for seconds
+LONG_MAX_TOKENS = CONTEXT - 64  # max_tokens of a request meant to run until something stops it
 
 
 def chat_model(directory: Path, context: int = CONTEXT) -> Path:

@@ -142,14 +142,15 @@ def test_bad_bodies(server, raw, code):
 
 def test_body_over_the_limit_is_413_with_or_without_content_length(server):
     big = json.dumps(completion(prompt="x" * MAIN_BODY_LIMIT)).encode()
-    error = assert_error_shape(httpx.post(server.url + CHAT, content=big, timeout=60), 413)
+    headers = {"content-type": "application/json"}
+    error = assert_error_shape(httpx.post(server.url + CHAT, content=big, headers=headers, timeout=60), 413)
     assert str(MAIN_BODY_LIMIT) in error["message"]
 
     def chunks():  # chunked transfer: no Content-Length to check up front
         for start in range(0, len(big), 8192):
             yield big[start : start + 8192]
 
-    assert_error_shape(httpx.post(server.url + CHAT, content=chunks(), timeout=60), 413)
+    assert_error_shape(httpx.post(server.url + CHAT, content=chunks(), headers=headers, timeout=60), 413)
 
 
 def test_error_messages_never_echo_large_input(server):
@@ -169,13 +170,45 @@ def test_routes_and_methods(server):
     assert_error_shape(httpx.post(server.url + "/health"), 405)
 
 
-def test_form_encoded_body_is_read_as_json(server):
-    """curl -d sends application/x-www-form-urlencoded; the body is still JSON."""
-    raw = json.dumps(completion(max_tokens=2)).encode()
-    response = httpx.post(
-        server.url + COMPLETIONS, content=raw, headers={"content-type": "application/x-www-form-urlencoded"}
-    )
+def test_seventeen_stop_strings_name_the_limit_of_16(server):
+    body = completion(stop=[f"s{i}" for i in range(17)])
+    error = assert_error_shape(httpx.post(server.url + COMPLETIONS, json=body, timeout=60), 400, "stop")
+    assert "16" in error["message"] and "valid string" not in error["message"], error
+    assert error["code"] == "invalid_value"
+    sixteen = completion(stop=[f"s{i}" for i in range(16)])
+    assert httpx.post(server.url + COMPLETIONS, json=sixteen, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        (COMPLETIONS, completion(prompt="a\ud800b"), "prompt"),
+        (COMPLETIONS, completion(prompt=["\udfff"]), "prompt[0]"),
+        (
+            CHAT,
+            chat(messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": "\ud800"}]),
+            "messages[1].content",
+        ),
+        (COMPLETIONS, completion(stop=["ok", "x\udc00"]), "stop[1]"),
+    ],
+    ids=["prompt", "prompt list", "chat content", "stop"],
+)
+def test_a_lone_surrogate_is_an_invalid_value_of_its_field(server, route, body, param):
+    raw = json.dumps(body).encode()  # "\ud800" as JSON spells it: an escape (httpx's json= cannot encode it)
+    response = httpx.post(server.url + route, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    error = assert_error_shape(response, 400, param)
+    assert error["code"] == "invalid_value" and "surrogate" in error["message"], error
+    paired = json.dumps(completion(prompt="a\ud83d\ude00b")).encode()  # a valid pair: one character
+    response = httpx.post(server.url + COMPLETIONS, content=paired, headers={"content-type": "application/json"})
     assert response.status_code == 200, response.text
+
+
+def test_completions_without_max_tokens_get_openai_default_of_16(server):
+    body = without(completion(prompt="hello world", temperature=0, speculative={"drafter": "none"}), "max_tokens")
+    response = httpx.post(server.url + COMPLETIONS, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 16
+    assert response.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_the_server_still_serves_after_bad_input(server):

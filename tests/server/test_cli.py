@@ -11,6 +11,36 @@ def test_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.drafter, args.k, args.backend) == ("127.0.0.1", 8000, "lookup", None, "auto")
     assert args.cors_origin == [] and args.max_queue == 64
+    assert args.max_prompt_tokens is None and args.default_max_tokens == 1024 and args.allowed_hosts == []
+
+
+def test_allowed_hosts_comma_separated_or_repeated():
+    args = build_parser().parse_args(["serve", "--allowed-hosts", "a.example, b.example", "--allowed-hosts", "*"])
+    assert args.allowed_hosts == ["a.example", "b.example", "*"]
+
+
+@pytest.mark.parametrize("option", ["--max-queue", "--max-prompt-tokens", "--default-max-tokens"])
+def test_negative_limits_are_refused_at_start_up(option, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", option, "-1"])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: must be >= " in capsys.readouterr().err
+
+
+def test_help_offers_the_registry_drafters_but_not_the_negative_control(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    options = out[out.index("speculation") :]
+    drafter_help = " ".join(options[options.index("--drafter DRAFTER") : options.index("--k K")].split())
+    assert all(name in drafter_help for name in ("lookup", "head", "block", "model", "none")), drafter_help
+    assert "wrong" not in drafter_help
+
+    from verispec.drafters.base import drafter_names
+
+    offered = drafter_names(controls=False)
+    assert ", ".join(offered) in drafter_help and "wrong" in drafter_names()
 
 
 def test_k_is_a_number_or_auto():

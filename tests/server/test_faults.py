@@ -1,4 +1,5 @@
-"""A server with an API key, serving a model whose logits turn NaN on some prompts."""
+"""A server with an API key, CORS for one origin and any Host, serving a model whose logits
+turn NaN on some prompts."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ NAN_PROMPT = "hello ~ world"  # "~" is outside the vocabulary: <unk>, whose embe
 def guarded(tmp_path_factory):
     directory = nan_model(tmp_path_factory.mktemp("models") / "tiny-nan")
     log = tmp_path_factory.mktemp("logs") / "guarded.log"
-    # The key comes from the environment; browsers may call from one origin.
-    process = ServerProcess(directory, log, "--cors-origin", ORIGIN, env={"VERISPEC_API_KEY": KEY})
+    # The key comes from the environment; browsers may call from one origin; any Host is served
+    # (a server behind a proxy, say).
+    options = ["--cors-origin", ORIGIN, "--allowed-hosts", "*"]
+    process = ServerProcess(directory, log, *options, env={"VERISPEC_API_KEY": KEY})
     try:
         yield process.wait_ready()
     finally:
@@ -91,6 +94,8 @@ def test_cors_only_for_the_configured_origin(guarded, server):
     assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
     other = httpx.options(guarded.url + "/v1/completions", headers={"Origin": "http://evil.example", **preflight})
     assert "access-control-allow-origin" not in other.headers
+    error = assert_error_shape(other, 400)
+    assert error["code"] == "cors_refused" and "origin" in error["message"]
     response = httpx.get(guarded.url + "/v1/models", headers={"Origin": ORIGIN, **AUTH})
     assert response.headers["access-control-allow-origin"] == ORIGIN
     # The main server was started without --cors-origin: no CORS headers at all.
@@ -100,3 +105,8 @@ def test_cors_only_for_the_configured_origin(guarded, server):
         "access-control-allow-origin"
         not in httpx.options(server.url + "/v1/models", headers={"Origin": ORIGIN, **preflight}).headers
     )
+
+
+def test_allowed_hosts_star_serves_any_host(guarded):
+    headers = {"Host": f"attacker.example:{guarded.port}", **AUTH}
+    assert httpx.get(guarded.url + "/v1/models", headers=headers, timeout=30).status_code == 200

@@ -11,11 +11,23 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.harness import ServerProcess, assert_clean_shutdown, assert_error_shape, sse_events
+from tests.server.harness import (
+    LONG_MAX_TOKENS,
+    ServerProcess,
+    assert_clean_shutdown,
+    assert_error_shape,
+    sse_events,
+)
 
-# Greedy, plain decoding and no max_tokens: runs to the end of the 4096-token context
-# (seconds), so a request that is not aborted is noticed.
-LONG = {"prompt": "hello world", "temperature": 0, "stream": True, "speculative": {"drafter": "none", "k": 0}}
+# Greedy and plain decoding to nearly the end of the 4096-token context (seconds), so a
+# request that is not aborted is noticed.
+LONG = {
+    "prompt": "hello world",
+    "max_tokens": LONG_MAX_TOKENS,
+    "temperature": 0,
+    "stream": True,
+    "speculative": {"drafter": "none", "k": 0},
+}
 ABORTED = ("verispec_generations_total", (("outcome", "aborted"),))
 
 
@@ -24,6 +36,18 @@ def queued(chat_dir, tmp_path_factory):
     """A server that admits one waiting request besides the running one."""
     log = tmp_path_factory.mktemp("logs") / "queued.log"
     process = ServerProcess(chat_dir, log, "--max-queue", "1")
+    try:
+        yield process.wait_ready()
+    finally:
+        status = process.terminate()
+    assert_clean_shutdown(process, status)
+
+
+@pytest.fixture(scope="module")
+def unqueued(chat_dir, tmp_path_factory):
+    """A server with no waiting room: a request runs if the engine is free, else 429."""
+    log = tmp_path_factory.mktemp("logs") / "unqueued.log"
+    process = ServerProcess(chat_dir, log, "--max-queue", "0")
     try:
         yield process.wait_ready()
     finally:
@@ -119,6 +143,42 @@ def test_queue_full_gives_429_with_retry_after(queued):
     assert waiting and waiting[0].status_code == 200
 
 
+def test_max_queue_0_runs_a_request_when_the_engine_is_free_and_refuses_it_when_busy(unqueued):
+    url = unqueued.url + "/v1/completions"
+    short = {"model": unqueued.model, "prompt": "abc", "max_tokens": 2}
+    with httpx.Client(timeout=60) as client:
+        # One after another, each sent as soon as the previous answer arrived: the engine is free.
+        for _ in range(5):
+            response = client.post(url, json=short)
+            assert response.status_code == 200, response.text
+        with client.stream("POST", url, json={"model": unqueued.model, **LONG}) as running:
+            lines = running.iter_lines()
+            first_token(lines)
+            error = assert_error_shape(client.post(url, json=short), 429)
+            assert error["code"] == "queue_full" and "--max-queue 0" in error["message"]
+            del lines
+        wait_for(lambda: unqueued.gauge("verispec_running_requests") == 0)
+        assert client.post(url, json=short).status_code == 200
+
+
+def test_a_stream_cut_by_its_client_is_counted_as_499_with_its_tokens(queued):
+    def count(status: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return ("verispec_requests_total", (("route", "/v1/completions"), ("status", status)))
+
+    generated = ("verispec_generated_tokens_total", ())
+    before = queued.metrics()
+    with httpx.stream("POST", queued.url + "/v1/completions", json={"model": queued.model, **LONG}) as response:
+        lines = response.iter_lines()
+        pieces = [first_token(lines) for _ in range(3)]
+    assert len(pieces) == 3
+    # The engine stops after its current round; the request is counted once the gate sees it end.
+    wait_for(lambda: queued.gauge("verispec_running_requests") == 0)
+    wait_for(lambda: queued.metrics().get(count("499"), 0.0) == before.get(count("499"), 0.0) + 1)
+    after = queued.metrics()
+    assert after.get(count("200"), 0.0) == before.get(count("200"), 0.0)
+    assert after[generated] - before.get(generated, 0.0) >= len(pieces)  # at least a token a piece
+
+
 @pytest.mark.slow
 def test_fifty_streams_closed_after_their_first_token(queued):
     url = queued.url + "/v1/completions"
@@ -146,7 +206,8 @@ def raw_post(server, body: dict) -> socket.socket:
     """Send a request on a bare socket (to hang up on it later without reading)."""
     payload = json.dumps(body).encode()
     head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}"
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}"
     )
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(head.encode() + b"\r\n\r\n" + payload)

@@ -9,10 +9,16 @@ import time
 import httpx
 import pytest
 
-from tests.server.harness import ServerProcess, assert_error_shape
+from tests.server.harness import LONG_MAX_TOKENS, ServerProcess, assert_error_shape
 
 # Greedy and plain decoding: long enough (seconds) to still be running when SIGTERM lands.
-LONG = {"prompt": "hello world", "temperature": 0, "stream": True, "speculative": {"drafter": "none", "k": 0}}
+LONG = {
+    "prompt": "hello world",
+    "max_tokens": LONG_MAX_TOKENS,
+    "temperature": 0,
+    "stream": True,
+    "speculative": {"drafter": "none", "k": 0},
+}
 
 
 def start(chat_dir, tmp_path, *options: str) -> ServerProcess:
@@ -62,7 +68,7 @@ def test_drain_timeout_aborts_what_is_left_and_still_exits_0(chat_dir, tmp_path)
     server = start(chat_dir, tmp_path, "--drain-timeout", "1")
     try:
         server.wait_ready()
-        body = {"model": server.model, **LONG}  # no max_tokens: would run to the end of the context
+        body = {"model": server.model, **LONG}  # would run to nearly the end of the context
         start_time = time.monotonic()
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
             lines = response.iter_lines()

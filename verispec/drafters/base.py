@@ -90,21 +90,25 @@ class DrafterContext:
 
 DrafterFactory = Callable[[DrafterContext], Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
+_CONTROLS: set[str] = set()  # negative controls: for benchmarks and tests, not offered to users
 
 
-def register_drafter(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
-    """Class or function decorator: make ``name`` buildable by ``create_drafter``."""
+def register_drafter(name: str, *, control: bool = False) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Class or function decorator: make ``name`` buildable by ``create_drafter``;
+    ``control``: a negative control (buildable, but left out of the names offered to users)."""
 
     def decorate(factory: DrafterFactory) -> DrafterFactory:
         _REGISTRY[name] = factory
+        if control:
+            _CONTROLS.add(name)
         return factory
 
     return decorate
 
 
-def drafter_names() -> list[str]:
+def drafter_names(*, controls: bool = True) -> list[str]:
     _load_builtin()
-    return sorted(_REGISTRY)
+    return sorted(name for name in _REGISTRY if controls or name not in _CONTROLS)
 
 
 def create_drafter(name: str, context: DrafterContext) -> Drafter:

@@ -36,6 +36,6 @@ class WrongDrafter:
         pass
 
 
-@register_drafter("wrong")
+@register_drafter("wrong", control=True)
 def _build(context: DrafterContext) -> WrongDrafter:
     return WrongDrafter(context.option("wrong_token", context.target.vocab_size - 1))

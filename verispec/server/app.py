@@ -2,9 +2,13 @@
 
 ``create_app`` builds a FastAPI app around a ``ServerState``. The model loads in a thread
 started at startup, so the server listens (and ``/health`` answers 503) while it loads.
-Every request passes the ``Gate`` first: it refuses new work while draining (503), checks
-the API key (401), bounds and checks the body (413, invalid UTF-8), and records the
-request's metrics. Generation requests are parsed here and run by the ``EngineWorker``.
+Every request passes the ``Gate`` first: it refuses a ``Host`` that does not name this
+server (403, against DNS rebinding), new work while draining (503), a missing or wrong API
+key (401), a generation request whose body is not declared JSON (415: a web page can send
+plain text or a form to another site without asking first, never JSON), bounds and checks
+the body (413, invalid UTF-8), and records the request's metrics (499 for a response cut
+short by its client leaving). Generation requests are parsed here and run by the
+``EngineWorker``.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -24,17 +30,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware as StarletteCORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from verispec.engine import Engine, Generation
 from verispec.sampling import InvalidParameterError, SamplingParams
 from verispec.server import schemas
-from verispec.server.errors import APIError, error_body, error_bytes, validation_error
+from verispec.server.errors import APIError, error_body, error_bytes, param_path, truncate, validation_error
 from verispec.server.metrics import Metrics
 from verispec.server.worker import EngineWorker, GenerationJob, flatten_messages
 
@@ -43,6 +50,7 @@ log = logging.getLogger("verispec.server")
 DISCONNECT_POLL_SECONDS = 0.1
 CLIENT_CLOSED_REQUEST = 499  # the status recorded for a client that left before its response
 LOADING_RETRY_AFTER = 5
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 ROUTES = (
     "/v1/completions",
     "/v1/chat/completions",
@@ -53,9 +61,12 @@ ROUTES = (
     "/docs",
     "/redoc",
 )
+JSON_ROUTES = ("/v1/completions", "/v1/chat/completions")  # POST routes whose body must be declared JSON
 UNGUARDED = ("/health",)
 ALWAYS_OPEN = ("/health", "/metrics")  # answered while draining
 CLEANUP_KEY = "verispec.cleanup"  # scope entry: callables the gate runs when a request ends
+ANY_HOST = "*"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -66,10 +77,14 @@ class ServerSettings:
     drafter: str | None = None
     k: int | str | None = None
     api_key: str | None = None
-    max_queue: int = 64
+    max_queue: int = 64  # requests that may wait while one runs; 0: run when free, else 429
     max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None  # None: the model's context is the only limit
+    default_max_tokens: int = 1024  # chat requests without max_tokens (completions: OpenAI's 16)
     drain_timeout: float = 30.0
     cors_origins: list[str] = field(default_factory=list)
+    # Host names requests may be addressed to besides localhost and IP addresses ("*": any).
+    allowed_hosts: list[str] = field(default_factory=list)
     drafters: list[str] = field(default_factory=list)  # usable drafter names, for the OpenAPI document
 
 
@@ -87,8 +102,14 @@ class ServerState:
         self.created = int(time.time())
 
     def attach(self, engine: Engine) -> None:
+        settings = self.settings
         worker = EngineWorker(
-            engine, self.metrics, max_queue=self.settings.max_queue, drafter=self.settings.drafter, k=self.settings.k
+            engine,
+            self.metrics,
+            max_queue=settings.max_queue,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            drafter=settings.drafter,
+            k=settings.k,
         )
         worker.start()
         self.engine = engine
@@ -135,7 +156,7 @@ def create_app(
     app.add_middleware(Gate, state=state)
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            CORSMiddleware,  # outside the gate: the gate's errors carry CORS headers too
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
@@ -162,18 +183,28 @@ class Gate:
         path = scope["path"]
         route = path if path in ROUTES else "other"
         status = 500
+        complete = False  # the response's last byte went out
+        disconnected = False  # the client left
 
         async def send_recording(message: Message) -> None:
-            nonlocal status
+            nonlocal status, complete
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+
+        async def receive_recording() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            disconnected = disconnected or message["type"] == "http.disconnect"
+            return message
 
         try:
             refusal = self._refusal(scope)
             body: bytes | None = None
             if refusal is None and scope["method"] in ("POST", "PUT", "PATCH"):
-                body, refusal = await self._read_body(scope, receive)
+                body, refusal = await self._read_body(scope, receive_recording)
             if refusal is not None:
                 await send_error(send_recording, refusal)
                 return
@@ -181,18 +212,30 @@ class Gate:
             cleanup: list[Callable[[], None]] = []
             scope[CLEANUP_KEY] = cleanup
             try:
-                await self.app(scope, _replay(body, receive) if body is not None else receive, send_recording)
+                app_receive = _replay(body, receive_recording) if body is not None else receive_recording
+                await self.app(scope, app_receive, send_recording)
             finally:
                 self.state.inflight -= 1
                 for action in cleanup:
                     action()
         finally:
+            if disconnected and not complete:  # a stream cut short, say: not a 200 to count
+                status = CLIENT_CLOSED_REQUEST
             self.state.metrics.requests.labels(route=route, status=str(status)).inc()
             self.state.metrics.latency.labels(route=route).observe(time.perf_counter() - start)
 
     def _refusal(self, scope: Scope) -> APIError | None:
         path = scope["path"]
         settings = self.state.settings
+        host = _header(scope, b"host")
+        if host is not None and not host_allowed(host, settings.allowed_hosts):
+            name = truncate(host_name(host))
+            return APIError(
+                403,
+                f"requests to host {name!r} are refused (a guard against DNS rebinding): address the server as "
+                f"localhost or by IP address, or start it with --allowed-hosts {name}",
+                code="host_not_allowed",
+            )
         if self.state.draining and path not in ALWAYS_OPEN:
             return APIError(503, "the server is shutting down and accepts no new requests", code="server_draining")
         if settings.api_key is not None and path not in UNGUARDED and scope["method"] != "OPTIONS":
@@ -203,6 +246,15 @@ class Gate:
                 )
             if not hmac.compare_digest(supplied.encode(), settings.api_key.encode()):
                 return APIError(401, "invalid API key", code="invalid_api_key")
+        if scope["method"] == "POST" and path in JSON_ROUTES:
+            media_type = (_header(scope, b"content-type") or "").partition(";")[0].strip().lower()
+            if media_type != "application/json":
+                sent = f"not {truncate(media_type)!r}" if media_type else "sent without one"
+                return APIError(
+                    415,
+                    f"the body must be JSON, with the header 'Content-Type: application/json' ({sent})",
+                    code="unsupported_media_type",
+                )
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, APIError | None]:
@@ -242,15 +294,46 @@ class Gate:
         return body, None
 
 
-def _bearer(scope: Scope) -> str | None:
+def _header(scope: Scope, wanted: bytes) -> str | None:
     for name, value in scope["headers"]:
-        if name == b"authorization":
-            text = value.decode("latin-1")
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-            return None
+        if name == wanted:
+            return value.decode("latin-1")
     return None
+
+
+def _bearer(scope: Scope) -> str | None:
+    text = _header(scope, b"authorization")
+    if text is None:
+        return None
+    scheme, _, token = text.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:8000`` -> ``::1``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def host_allowed(host: str, allowed: list[str]) -> bool:
+    """Whether a request addressed to ``host`` may be served.
+
+    A DNS-rebinding page reaches a local server through a name the attacker controls; an IP
+    address or ``localhost`` (and ``*.localhost``, which resolves to loopback) cannot be such
+    a name. Other names must be listed (``--allowed-hosts``; ``--host`` adds its own).
+    """
+    if ANY_HOST in allowed:
+        return True
+    name = host_name(host).rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in {entry.lower().rstrip(".") for entry in allowed}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -273,6 +356,19 @@ async def send_error(send: Send, error: APIError) -> None:
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+class CORSMiddleware(StarletteCORSMiddleware):
+    """Starlette's CORS, its refusal of a preflight in the one error shape (not plain text)."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")}
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")  # "origin, method"
+        message = f"CORS preflight refused: disallowed {refused} (allowed origins are set with --cors-origin)"
+        return error_response(APIError(400, message, code="cors_refused", headers=headers))
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -320,8 +416,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, description in {
         400: "invalid request",
         401: "missing or wrong API key",
+        403: "Host not allowed (--allowed-hosts)",
         404: "unknown model",
         413: "body over --max-body-bytes",
+        415: "body not sent as application/json",
         429: "admission queue full (Retry-After)",
         500: "generation failed",
         503: "model loading or server draining",
@@ -411,12 +509,38 @@ async def _parse(request: Request, model: type[BaseModel]) -> BaseModel:
         raise APIError(400, f"the request body is not valid JSON: {str(error)[:100]}", code="invalid_json") from error
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_body")
+    where = _lone_surrogate(data) if b"\\u" in raw else None  # JSON spells one only as an escape
+    if where is not None:
+        param = param_path(where)
+        raise APIError(
+            400,
+            f"{param}: holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not a character",
+            param=param,
+            code="invalid_value",
+        )
     try:
         return model.model_validate(data)
     except ValidationError as error:
         raise validation_error(error.errors(include_url=False, include_input=False)) from error
     except RecursionError as error:
         raise APIError(400, "the request body is nested too deeply", code="invalid_body") from error
+
+
+def _lone_surrogate(data: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Where the first string (value or key) holding an unpaired surrogate is, if any."""
+    pending: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while pending:
+        loc, value = pending.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return loc
+        elif isinstance(value, (dict, list)):
+            items = list(value.items() if isinstance(value, dict) else enumerate(value))
+            for key, _ in items:
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return (*loc, key)
+            pending.extend(((*loc, key), item) for key, item in reversed(items))  # popped in document order
+    return None
 
 
 def _check_common(state: ServerState, body: schemas.CompletionRequest | schemas.ChatCompletionRequest) -> None:
@@ -488,6 +612,7 @@ def _completion_job(state: ServerState, body: schemas.CompletionRequest) -> Gene
         chat=False,
         params=_sampling(body),
         max_tokens=body.max_tokens,
+        default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
         drafter=drafter,
         k=k,
         prompt_param="prompt",
@@ -505,6 +630,7 @@ def _chat_job(state: ServerState, body: schemas.ChatCompletionRequest) -> Genera
         chat=True,
         params=_sampling(body),
         max_tokens=max_tokens,
+        default_max_tokens=state.settings.default_max_tokens,
         drafter=drafter,
         k=k,
         prompt_param="messages",

@@ -39,11 +39,28 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _DrafterNames:
+    """The drafters offered to users, read from the registry only when help is printed (the
+    registry's modules import torch)."""
+
+    def __str__(self) -> str:
+        from verispec.drafters.base import drafter_names
+
+        return ", ".join(drafter_names(controls=False))
+
+
+def _host_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (completions, chat, streaming)")
     add_model_options(serve)
     spec = serve.add_argument_group("speculation (per-request defaults; requests may override)")
-    spec.add_argument("--drafter", default="lookup", help="lookup, model or none (default: lookup)")
+    drafter = spec.add_argument(
+        "--drafter", default="lookup", help="%(drafters)s; model needs --draft-model (default: %(default)s)"
+    )
+    drafter.drafters = _DrafterNames()  # type: ignore[attr-defined]  # expanded into the help text
     spec.add_argument("--k", type=k_value, default=None, help="drafts per round: auto or a number (default: auto)")
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
@@ -54,10 +71,33 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})",
     )
     http.add_argument(
-        "--max-queue", type=_bounded_int(0), default=64, help="requests that may wait for the engine (default: 64)"
+        "--allowed-hosts",
+        type=_host_names,
+        action="extend",
+        default=[],
+        help="host names requests may be addressed to (Host header), besides localhost, IP addresses and --host; "
+        "comma-separated or repeated; * allows any (default: none; a guard against DNS rebinding)",
+    )
+    http.add_argument(
+        "--max-queue",
+        type=_bounded_int(0),
+        default=64,
+        help="requests that may wait while one runs; 0: a request runs if the engine is free, else 429 (default: 64)",
     )
     http.add_argument(
         "--max-body-bytes", type=_bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"
+    )
+    http.add_argument(
+        "--max-prompt-tokens",
+        type=_bounded_int(1),
+        default=None,
+        help="longest prompt in tokens; longer ones get 400 context_length_exceeded (default: the model's context)",
+    )
+    http.add_argument(
+        "--default-max-tokens",
+        type=_bounded_int(1),
+        default=1024,
+        help="max_tokens of chat requests that set none (default: 1024; /v1/completions: 16, as OpenAI's)",
     )
     http.add_argument(
         "--drain-timeout", type=_seconds, default=30.0, help="on SIGTERM, seconds to let requests finish (default: 30)"
@@ -89,9 +129,12 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        default_max_tokens=args.default_max_tokens,
         drain_timeout=args.drain_timeout,
         cors_origins=list(args.cors_origin),
-        drafters=[d for d in drafter_names() if d != "model" or args.draft_model is not None],
+        allowed_hosts=[*args.allowed_hosts, args.host],
+        drafters=[d for d in drafter_names(controls=False) if d != "model" or args.draft_model is not None],
     )
 
     def load() -> Any:

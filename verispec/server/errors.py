@@ -14,6 +14,11 @@ from typing import Any
 
 MAX_MESSAGE_CHARS = 400
 MAX_ECHO_CHARS = 40
+# pydantic error types meaning "the value is not of this type" (a union member that does not apply)
+TYPE_MISMATCHES = frozenset(
+    {"string_type", "int_type", "float_type", "bool_type", "list_type", "dict_type", "none_required", "model_type"}
+    | {"literal_error", "is_instance_of", "model_attributes_type", "dataclass_type"}
+)
 
 # The OpenAI "type" of an error, by status.
 ERROR_TYPES = {
@@ -23,6 +28,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
@@ -92,23 +98,23 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """One 400 for a list of pydantic/FastAPI errors, naming the first field at fault.
 
     A value that matches no member of a union yields one error per member (their ``loc``
-    ends in the member's name); the field is their common prefix.
+    ends in the member's name); the field is their common prefix, and the message is that
+    of the member whose type the value has (17 stop strings: the list's length limit, not
+    "a valid string"), where there is one.
     """
     if not errors:
         return APIError(400, "invalid request body")
     first = errors[0]
-    loc = tuple(first.get("loc", ()))
-    if loc and loc[0] == "body":
-        loc = loc[1:]
+    loc = _body_loc(first)
     kind = str(first.get("type", ""))
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         position = f" at character {loc[0]}" if loc and isinstance(loc[0], int) else ""
         return APIError(400, f"the request body is not valid JSON: {detail}{position}", code="invalid_json")
     # Errors from the same field (a union's members) share a prefix; keep only that.
-    same_field = [tuple(e.get("loc", ())) for e in errors]
-    same_field = [(s[1:] if s and s[0] == "body" else s) for s in same_field]
-    same_field = [s for s in same_field if s[:1] == loc[:1]]
+    located = [(_body_loc(e), e) for e in errors]
+    field_errors = [e for s, e in located if s[:1] == loc[:1]]
+    same_field = [s for s, _ in located if s[:1] == loc[:1]]
     prefix = _common_prefix(same_field) if len(same_field) > 1 else loc
     param = param_path(prefix)
     if not param:
@@ -118,10 +124,19 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     if kind == "missing":
         message = f"{param}: a required field is missing"
     elif len(same_field) > 1 and prefix != loc:
-        message = f"{param}: invalid type or value ({_message(first)})"
+        of_its_type = [e for e in field_errors if e.get("type") not in TYPE_MISMATCHES]
+        if of_its_type:
+            message = f"{param}: {_message(of_its_type[0])}"
+        else:
+            message = f"{param}: invalid type or value ({_message(first)})"
     else:
         message = f"{param}: {_message(first)}"
     return APIError(400, message, param=param, code="invalid_value" if kind != "missing" else "missing_field")
+
+
+def _body_loc(error: Mapping[str, Any]) -> tuple[Any, ...]:
+    loc = tuple(error.get("loc", ()))
+    return loc[1:] if loc and loc[0] == "body" else loc
 
 
 def _message(error: Mapping[str, Any]) -> str:

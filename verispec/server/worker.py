@@ -9,7 +9,9 @@ checks, and generates, sending events back to the job's asyncio queue:
 
 Cancelling a job (client gone, shutdown) sets a flag the worker checks before it starts the
 job and after every piece the engine yields, i.e. between rounds; it then closes the
-engine's stream, which resets the target, so the slot is free within one round.
+engine's stream, which resets the target, so the slot is free within one round. A job's
+last event goes out once the engine is free again, so a client that sends its next request
+on receiving it finds the engine free (``--max-queue 0`` would otherwise refuse it).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class GenerationJob:
     prompt: str | list[int] | list[dict[str, str]]
     chat: bool
     params: SamplingParams  # max_tokens is replaced once the prompt's length is known
-    max_tokens: int | None  # None: up to the end of the context
+    max_tokens: int | None  # None: default_max_tokens, cut to the room the context leaves
+    default_max_tokens: int
     drafter: str | None  # None: the engine's default
     k: int | str | None
     prompt_param: str  # the request field the prompt came from, for errors
@@ -65,7 +68,9 @@ class GenerationJob:
 
 
 class EngineWorker:
-    """Runs jobs on ``engine`` in a thread of its own, admitting at most ``max_queue`` waiting."""
+    """Runs jobs on ``engine`` in a thread of its own, admitting at most ``max_queue`` waiting
+    (0: a job runs if the engine is free, else it is refused) and prompts of at most
+    ``max_prompt_tokens`` (None: the context is the limit)."""
 
     def __init__(
         self,
@@ -73,12 +78,16 @@ class EngineWorker:
         metrics: Metrics,
         *,
         max_queue: int,
+        max_prompt_tokens: int | None = None,
         drafter: str | None = None,
         k: int | str | None = None,
     ) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
+        self.max_prompt_tokens = max_prompt_tokens
         self.default_drafter = drafter
         self.default_k = k
         self._jobs: queue.Queue[GenerationJob | None] = queue.Queue()
@@ -103,7 +112,8 @@ class EngineWorker:
     def submit(self, job: GenerationJob) -> None:
         """Admit ``job`` or raise a 429 ``APIError`` when the queue is full."""
         with self._lock:
-            if len(self._waiting) >= self.max_queue:
+            free = self._running is None and not self._waiting
+            if not free and len(self._waiting) >= self.max_queue:
                 raise APIError(
                     429,
                     f"the server is busy: {len(self._waiting)} requests are waiting (--max-queue {self.max_queue})",
@@ -156,11 +166,11 @@ class EngineWorker:
                 self.metrics.queue_depth.set(len(self._waiting))
                 self.metrics.running.set(1)
             start = time.perf_counter()
+            last: Event = ("failed", APIError(500, "internal error while generating", code="internal_error"))
             try:
-                self._run(job)
+                last = self._run(job)
             except Exception:  # never let one request take the worker down
                 log.exception("%s: unexpected failure", job.id)
-                job.emit("failed", APIError(500, "internal error while generating", code="internal_error"))
             finally:
                 elapsed = time.perf_counter() - start
                 with self._lock:
@@ -168,47 +178,45 @@ class EngineWorker:
                     self._running = None
                     self._service_seconds += SERVICE_EMA * (elapsed - self._service_seconds)
                     self.metrics.running.set(0)
+                job.emit(*last)
 
-    def _run(self, job: GenerationJob) -> None:
+    def _run(self, job: GenerationJob) -> Event:
+        """Run ``job``, emitting its events but the last, which it returns."""
         if job.cancelled.is_set():
-            job.emit("aborted", "cancelled")
-            return
+            return ("aborted", "cancelled")
         try:
             stream, prompt_tokens = self._start(job)
         except APIError as error:
             self.metrics.generations.labels(outcome="rejected").inc()
-            job.emit("failed", error)
-            return
+            return ("failed", error)
         job.emit("started", prompt_tokens)
         start = time.perf_counter()
-        pieces = 0
         try:
             for piece in stream:  # one piece per round, possibly empty
                 if piece:
                     job.emit("piece", piece)
-                    pieces += 1
                 if job.cancelled.is_set():
                     break
         except NonFiniteLogitsError as error:
             self.metrics.generations.labels(outcome="failed").inc()
             log.error("%s failed: %s", job.id, error)
-            job.emit("failed", APIError(500, f"the model produced invalid logits: {error}", code="non_finite_logits"))
-            return
+            return ("failed", APIError(500, f"the model produced invalid logits: {error}", code="non_finite_logits"))
         except Exception as error:
             self.metrics.generations.labels(outcome="failed").inc()
             log.exception("%s failed", job.id)
-            job.emit("failed", APIError(500, f"generation failed: {truncate(str(error), 200)}", code="internal_error"))
-            return
+            return ("failed", APIError(500, f"generation failed: {truncate(str(error), 200)}", code="internal_error"))
         finally:
             stream.close()  # ends the engine's request; its finally resets the target
         result = stream.result
         if job.cancelled.is_set() or result is None:
+            # What ran before the stop counts too: the tokens generated, the prefill.
+            stats = stream.stats
             self.metrics.generations.labels(outcome="aborted").inc()
-            log.info("%s aborted after %d pieces (%.2f s)", job.id, pieces, time.perf_counter() - start)
-            job.emit("aborted", "cancelled")
-            return
+            self.metrics.observe_generation(stats, stats.prompt_tokens, stats.tokens)
+            log.info("%s aborted after %d tokens (%.2f s)", job.id, stats.tokens, time.perf_counter() - start)
+            return ("aborted", "cancelled")
         self._finish(job, result, time.perf_counter() - start)
-        job.emit("done", result)
+        return ("done", result)
 
     def _start(self, job: GenerationJob) -> tuple[Any, int]:
         """Tokenize, check the request against the context, and start the engine's stream."""
@@ -228,6 +236,15 @@ class EngineWorker:
             raise APIError(
                 400, f"the prompt could not be tokenized: {truncate(str(error), 200)}", param=job.prompt_param
             ) from error
+        limit = self.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens, over this server's limit of {limit} prompt tokens "
+                "(--max-prompt-tokens): shorten the prompt",
+                param=job.prompt_param,
+                code="context_length_exceeded",
+            )
         context = engine.target.context_length
         if len(ids) >= context:
             raise APIError(
@@ -236,7 +253,7 @@ class EngineWorker:
                 param=job.prompt_param,
                 code="context_length_exceeded",
             )
-        max_tokens = job.max_tokens if job.max_tokens is not None else context - len(ids)
+        max_tokens = job.max_tokens if job.max_tokens is not None else min(job.default_max_tokens, context - len(ids))
         if len(ids) + max_tokens > context:
             raise APIError(
                 400,
