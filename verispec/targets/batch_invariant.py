@@ -50,9 +50,18 @@ ATTENTION_NAME = "verispec_batch_invariant"
 _state = threading.local()
 
 
-def available() -> bool:
-    """oneDNN with prepacked linear weights exists in this torch build (CPU only)."""
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN can prepack linear weights of ``dtype`` here (CPU only). bf16 needs AVX-512
+    (BW, VL, DQ) or AVX-NE-CONVERT; an AVX2 CPU has neither, so it is tried, not assumed."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.float32:
+        return True
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2, dtype=dtype), None)
+    except RuntimeError:
+        return False
+    return True
 
 
 @contextmanager

@@ -91,10 +91,12 @@ class TorchTarget:
         if exact and not can_be_exact:
             raise TargetError("exact verify is implemented for the CPU with oneDNN only")
         self.exact = can_be_exact if exact is None else exact
-        # Whether one forward pass gives exact rows; if the self-test finds it does not,
-        # verify passes run row by row (exact, but without batching's gain).
+        # Whether one forward pass gives exact rows; if the self-test finds it does not, or
+        # oneDNN cannot prepack this dtype here (bf16 on an AVX2 CPU), verify passes run row
+        # by row (exact, but without batching's gain).
         self.batched_verify_exact = not self.exact
-        if self.exact:
+        prepacked = self.exact and batch_invariant.available(next(model.parameters()).dtype)
+        if prepacked:
             batch_invariant.make_batch_invariant(model)
         self._cache_type = DynamicCache
         self._cache = DynamicCache(config=model.config)
@@ -107,11 +109,16 @@ class TorchTarget:
         self._last_hidden: torch.Tensor | None = None
         self._fingerprint: str | None = None
         if self.exact:
-            self.batched_verify_exact = self.self_test()
+            self.batched_verify_exact = prepacked and self.self_test()
             if not self.batched_verify_exact:
+                reason = (
+                    "verify rows differ from single steps on this machine's kernels"
+                    if prepacked
+                    else f"oneDNN cannot prepack {str(self.dtype).replace('torch.', '')} weights on this CPU"
+                )
                 warnings.warn(
-                    f"{name}: verify rows differ from single steps on this machine's kernels; "
-                    "verifying row by row to stay exact (slower; exact=False trades exactness for speed)",
+                    f"{name}: {reason}; verifying row by row to stay exact "
+                    "(slower; exact=False trades exactness for speed)",
                     stacklevel=2,
                 )
 
