@@ -108,6 +108,11 @@ class RequestStats:
         return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property
+    def prefill_tokens_per_second(self) -> float:
+        """Prompt tokens over prefill time (the last prompt token is read by the first round)."""
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
     def plain_step_seconds(self) -> float | None:
         if self.plain_rounds:
             return self.plain_seconds / self.plain_rounds
@@ -160,6 +165,7 @@ class RequestStats:
             "verify_seconds": self.verify_seconds,
             "plain_seconds": self.plain_seconds,
             "prefill_seconds": self.prefill_seconds,
+            "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "tokens_per_second": self.tokens_per_second,
             "cost_steps": self.cost_steps,
             "pays": self.pays,

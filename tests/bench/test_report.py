@@ -196,3 +196,12 @@ def test_repeated_passes_pair_each_run_with_the_baselines_run_of_the_same_pass()
     row = next(r for r in summarise(runs, "none", greedy=True) if r.config == "lookup" and r.category == OVERALL)
     assert row.prompts == 2  # runs
     assert row.speedup == pytest.approx(2**0.5, abs=RATIO_TOL)
+
+
+def test_prefill_rate_from_summed_prompts(records):
+    for index, r in enumerate(records):
+        r["stats"].update(prompt_tokens=100 * (index + 1), prefill_seconds=0.1 * (index + 1))
+    rows = summarise(records, "none", greedy=True)
+    overall = {row.config: row for row in rows if row.category == OVERALL}
+    # none: prompts of 100 and 200 tokens read in 0.1 + 0.2 s: 300 / 0.3
+    assert overall["none"].prefill_tokens_per_second == pytest.approx(1000.0)

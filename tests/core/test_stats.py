@@ -50,3 +50,10 @@ def test_impossible_rounds_are_refused():
         RequestStats().observe(offered=2, accepted=3, bonus=1, draft_seconds=0, verify_seconds=0)
     with pytest.raises(ValueError, match="impossible round"):
         RequestStats().observe(offered=2, accepted=1, bonus=2, draft_seconds=0, verify_seconds=0)
+
+
+def test_prefill_rate():
+    stats = RequestStats(prefill_seconds=0.5, prompt_tokens=200)
+    assert stats.prefill_tokens_per_second == pytest.approx(400.0)
+    assert stats.as_dict()["prefill_tokens_per_second"] == pytest.approx(400.0)
+    assert RequestStats().prefill_tokens_per_second == 0.0  # no prefill timed: no rate

@@ -120,6 +120,40 @@ def test_the_kernels_and_the_torch_path_agree_with_transformers(tiny_dir):
     assert np.abs(torch_logits.numpy() - expected).max() < 1e-5 * scale
 
 
+@pytest.mark.parametrize("architecture", ["qwen2", "mistral"])
+def test_other_covered_architectures_agree_with_transformers(tmp_path, architecture):
+    # Qwen2 adds biases to q, k and v and ties its embeddings; Mistral has a sliding window.
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        architecture,
+        vocab_size=tiny.VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=architecture == "qwen2",
+        sliding_window=128,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)  # from_config leaves them zero: make them count
+    directory = tiny.save(model, tmp_path / architecture)
+    target = NativeTarget("dir", directory)
+    assert target.batched_verify_exact
+    assert target.context_length == (128 if architecture == "mistral" else 256)  # the window caps Mistral's
+    ids = PROMPT + CONTINUATION
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].numpy()
+    target.prefill([])
+    assert np.abs(target.verify(ids) - expected).max() < 1e-3 * np.abs(expected).max()
+
+
 def test_the_torch_path_runs_when_the_kernels_are_disabled(tiny_dir, monkeypatch):
     monkeypatch.setenv("VERISPEC_NATIVE_KERNELS", "0")
     target = NativeTarget("dir", tiny_dir)

@@ -3,6 +3,8 @@
 Per category (and overall) and configuration:
 
 - tok/s: generated tokens over wall-clock seconds (prefill included), summed over prompts;
+- prefill tok/s: prompt tokens over prefill seconds (verispec configurations; peers do not
+  report their prefill apart);
 - speed-up: geometric mean over runs of tok/s relative to the baseline's run of the same
   prompt in the same pass (verispec's plain decoding, ``none``, unless another is chosen);
 - own plain: the plain decoding of the configuration's own runtime (``configs.own_plain``:
@@ -50,6 +52,7 @@ class Row:
     predicted_speedup: float | None = None
     efficiency: float | None = None
     peak_rss_mb: float = 0.0
+    prefill_tokens_per_second: float | None = None
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
@@ -59,6 +62,9 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
 
 def _round_fields(row: Row, runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> None:
     stats = [r["stats"] for r in runs]
+    prefill_seconds = sum(s.get("prefill_seconds", 0.0) for s in stats)
+    if prefill_seconds > 0:
+        row.prefill_tokens_per_second = sum(s.get("prompt_tokens", 0) for s in stats) / prefill_seconds
     n_rounds = sum(s["rounds"] for s in stats)
     accepted = sum(s["accepted"] for s in stats)
     bonus = sum(s["bonus"] for s in stats)
@@ -173,7 +179,8 @@ def render_table(rows: list[Row], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    columns = ["category", "config", "n", "tok/s", "speed-up", "own plain", "vs own", "tok/round", "accept"]
+    columns = ["category", "config", "n", "tok/s", "prefill tok/s", "speed-up", "own plain", "vs own", "tok/round"]
+    columns += ["accept"]
     columns += ["per-position"]
     columns += ["shortfall", "cost steps", "pays", "predicted", "efficiency", "identical", "peak MB"]
     for name in columns:
@@ -185,6 +192,7 @@ def render_table(rows: list[Row], title: str) -> Any:
             row.config,
             str(row.prompts),
             f"{row.tokens_per_second:.1f}",
+            _fmt(row.prefill_tokens_per_second, "{:.0f}"),
             _fmt(row.speedup, "{:.2f}x"),
             row.own_plain,
             _fmt(row.speedup_own, "{:.2f}x"),
@@ -205,15 +213,16 @@ def render_table(rows: list[Row], title: str) -> Any:
 
 def markdown_table(rows: list[Row]) -> str:
     """The same table as GitHub markdown, for BENCHMARKS.md."""
-    header = "| category | config | n | tok/s | speed-up | own plain | vs own | tok/round | accept | cost steps | pays"
-    header += " | predicted | efficiency | identical |"
-    lines = [header, "|" + "---|" * 14]
+    header = "| category | config | n | tok/s | prefill tok/s | speed-up | own plain | vs own | tok/round | accept"
+    header += " | cost steps | pays | predicted | efficiency | identical |"
+    lines = [header, "|" + "---|" * 15]
     for row in rows:
         cells = [
             row.category,
             row.config,
             str(row.prompts),
             f"{row.tokens_per_second:.1f}",
+            _fmt(row.prefill_tokens_per_second, "{:.0f}"),
             _fmt(row.speedup, "{:.2f}x"),
             row.own_plain,
             _fmt(row.speedup_own, "{:.2f}x"),

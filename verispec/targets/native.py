@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -66,7 +67,7 @@ class NativeTarget:
             raise TargetError(str(error)) from error
         config = self.checkpoint.config
         trained = int(getattr(config, "max_position_embeddings", 0) or DEFAULT_CONTEXT)
-        self._context = min(context or DEFAULT_CONTEXT, trained)
+        self._context = min(context or DEFAULT_CONTEXT, trained, _window(config))
         if self._context < 2:
             raise TargetError(f"a context of {self._context} positions leaves no room to generate")
         own = config.eos_token_id if isinstance(config.eos_token_id, (list, tuple)) else [config.eos_token_id]
@@ -248,6 +249,15 @@ class NativeTarget:
         if self._fingerprint is None:
             self._fingerprint = fingerprint_of(self.checkpoint)
         return self._fingerprint
+
+
+def _window(config: Any) -> int:
+    """Positions within which attention is full: a sliding window (Mistral's, Qwen2's when it
+    uses one) caps the context, since the native forward attends to every earlier key."""
+    window = getattr(config, "sliding_window", None)
+    if not window or (config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False)):
+        return DEFAULT_CONTEXT * 1024
+    return int(window)
 
 
 def fingerprint_of(checkpoint: checkpoints.Checkpoint) -> str:
