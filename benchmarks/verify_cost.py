@@ -8,7 +8,9 @@ machine drift hits all alike) and reports medians.
     .venv/bin/python benchmarks/verify_cost.py --configs float32:exact bfloat16:exact float32:stock
 
 A configuration ``native`` times verispec's native decoder with the file's own formats, and
-``native:WEIGHTS`` with ``--weights WEIGHTS`` (bf16, int8, int4); ``llama.cpp`` times the
+``native:WEIGHTS`` with ``--weights WEIGHTS`` (bf16, int8, int4); ``native-torch`` and
+``native-compiled`` time the native decoder's torch path, eager and through ``torch.compile``
+(its compile time is spent in the load's self-test, before any timing); ``llama.cpp`` times the
 llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on another GGUF file
 (another quantisation type, say):
 
@@ -45,10 +47,17 @@ def main() -> None:
     for config in args.configs:
         kind, _, rest = config.partition(":")
         target: Target
-        if kind == "native":
+        if kind.startswith("native"):
             from verispec.targets.native import NativeTarget
 
-            target = NativeTarget(source.kind, source.location, name=config, weights=rest or "auto")
+            path = {
+                "native": {},
+                "native-torch": {"torch_path": True},
+                "native-compiled": {"torch_path": True, "compile": True},
+            }
+            if kind not in path:
+                raise SystemExit(f"unknown configuration {config!r}")
+            target = NativeTarget(source.kind, source.location, name=config, weights=rest or "auto", **path[kind])
             print(f"{config}: {target.description}")
         elif kind == "llama.cpp":
             from verispec.targets.llamacpp import LlamaCppTarget

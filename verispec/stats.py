@@ -164,6 +164,7 @@ class RequestStats:
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "plain_seconds": self.plain_seconds,
+            "prompt_tokens": self.prompt_tokens,
             "prefill_seconds": self.prefill_seconds,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "tokens_per_second": self.tokens_per_second,

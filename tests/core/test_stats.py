@@ -56,4 +56,5 @@ def test_prefill_rate():
     stats = RequestStats(prefill_seconds=0.5, prompt_tokens=200)
     assert stats.prefill_tokens_per_second == pytest.approx(400.0)
     assert stats.as_dict()["prefill_tokens_per_second"] == pytest.approx(400.0)
+    assert stats.as_dict()["prompt_tokens"] == 200
     assert RequestStats().prefill_tokens_per_second == 0.0  # no prefill timed: no rate

@@ -42,7 +42,8 @@ class NativeTarget:
     a generation config's); dtype: the torch path's compute dtype (default float32 on the
     CPU, bfloat16 on CUDA); compile: the torch path's layers through ``torch.compile``
     (default: on a GPU; the CPU runs the C++ kernels, which beat the compiled torch path there,
-    see BENCHMARKS.md).
+    see BENCHMARKS.md); torch_path: run the torch path on the CPU too (for comparisons; the
+    environment variable VERISPEC_NATIVE_KERNELS=0 does the same).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class NativeTarget:
         eos_token_ids: Sequence[int] = (),
         dtype: torch.dtype | None = None,
         compile: bool | None = None,
+        torch_path: bool = False,
     ) -> None:
         from verispec.targets.torch_target import cpu_threads
 
@@ -75,12 +77,13 @@ class NativeTarget:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads())
-        module = kernels.load() if self.device.type == "cpu" and not kernels.disabled() else None
+        wants_kernels = self.device.type == "cpu" and not (torch_path or kernels.disabled())
+        module = kernels.load() if wants_kernels else None
         try:
             if module is not None:
                 self.decoder: KernelDecoder | TorchDecoder = KernelDecoder(self.checkpoint, self._context, module)
             else:
-                if self.device.type == "cpu" and not kernels.disabled():
+                if wants_kernels:
                     warnings.warn(
                         f"{name}: the native kernels could not be built ({kernels.build_error()}); "
                         "running the native decoder's torch path (several times slower)",
@@ -115,7 +118,9 @@ class NativeTarget:
     @property
     def description(self) -> str:
         """What runs, for the CLI and the bench: the path and the weights."""
-        return f"native {self.decoder.path}, {checkpoints.describe(self.checkpoint)}"
+        compiled = getattr(self.decoder, "compile_seconds", None)
+        path = f"torch, compiled in {compiled:.0f} s" if compiled is not None else self.decoder.path
+        return f"native {path}, {checkpoints.describe(self.checkpoint)}"
 
     @property
     def vocab_size(self) -> int:
