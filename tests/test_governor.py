@@ -69,6 +69,23 @@ def test_a_shadowing_governor_also_picks_the_theorys_k(acceptance):
     assert governor.probes == 0
 
 
+@pytest.mark.parametrize("first", [0.0, 1e-6, 0.003, 0.00374, 0.0038, 0.01, 0.03, 0.05, 0.3])
+@pytest.mark.parametrize("per_row", [0.0, 0.08])
+def test_the_shortcut_for_a_missing_drafter_decides_as_the_full_search(first, per_row):
+    # best() skips its search over k when 1 + k_max a_1 < MIN_GAIN (no k can pay); the
+    # decision must be the one the search over every k gives, on both sides of that edge.
+    from verispec.governor import MIN_GAIN
+
+    governor = Governor(8, costs(per_row=per_row, draft=0.0), adapt_costs=False, shadow=True)
+    governor.estimates(None).update(0, first, 1.0)
+    searched = max(
+        (rounds.expected_tokens_positional(governor.estimates(None).expected(k)) / governor.costs.round_steps(k), k)
+        for k in range(1, 9)
+    )
+    expected_k = searched[1] if searched[0] >= MIN_GAIN else 0
+    assert governor.best().k == expected_k
+
+
 def test_shadow_drafts_resume_drafting_as_soon_as_the_drafter_is_right_again():
     # Prompt lookup is right in short stretches. Bursts of 12 rounds at acceptance 0.9 between
     # 40 rounds at 0: probes at growing intervals miss most bursts; shadows see each at once.

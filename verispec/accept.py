@@ -117,14 +117,22 @@ def accept_chain(
     return ChainResult(accepted=k, token=sample_index(p[k], u[2 * k]), uniforms_used=2 * k + 1)
 
 
-def acceptance_probability(target_probs: ArrayLike, draft_token: int, draft_probs: ArrayLike | None) -> float:
+def acceptance_probability(
+    target_probs: ArrayLike, draft_token: int, draft_probs: ArrayLike | None, *, check_rows: bool = True
+) -> float:
     """The probability that the rule accepts ``draft_token``: min(1, p(x) / q(x)), 0 where q(x) = 0.
 
     Rows (V,) as in ``accept_step``. The governor scores drafts it never verified with it.
+    ``check_rows=False`` skips the checks of whole rows (finite, non-negative, summing to 1)
+    for a caller that ran them already (the engine, on the row ``accept_chain`` checked):
+    over a large vocabulary they cost more than the rest of a plain round's bookkeeping.
     """
-    p = _rows(target_probs, "target_probs", ndim=1)
+    p = _rows(target_probs, "target_probs", ndim=1) if check_rows else np.asarray(target_probs)
     _check_token(draft_token, p.shape[0])
-    q_x = 1.0 if draft_probs is None else float(_rows(draft_probs, "draft_probs", ndim=1)[draft_token])
+    q_x = 1.0
+    if draft_probs is not None:
+        q = _rows(draft_probs, "draft_probs", ndim=1) if check_rows else np.asarray(draft_probs)
+        q_x = float(q[draft_token])
     return min(1.0, float(p[draft_token]) / q_x) if q_x > 0.0 else 0.0
 
 

@@ -31,7 +31,7 @@ from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, cre
 from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
 from verispec.stats import RequestStats
-from verispec.targets.base import Target, TargetError, check_can_run
+from verispec.targets.base import Target, TargetError, check_can_run, prefill_steps
 
 CALIBRATION_REPEATS = 3  # timed verify passes per row count when calibrating costs
 DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
@@ -257,10 +257,12 @@ class Engine:
         prompt = request.prompt_ids
         context = request.context
         context.extend(prompt)
-        start = time.perf_counter()
-        target.prefill(prompt[:-1])
-        stats.prefill_seconds = time.perf_counter() - start
         stats.prompt_tokens = len(prompt)
+        for seconds in prefill_steps(target, prompt[:-1]):
+            stats.prefill_seconds += seconds
+            # Between prefill chunks too, a consumer gets control back (to stop a request whose
+            # client left while a long prompt was being read).
+            yield ""
         request.drafter.begin(prompt, params)
         governor = self._governor(request)
         while request.finish_reason is None:
@@ -309,7 +311,9 @@ class Engine:
                 if shadow.tokens:
                     stats.governor_shadow_drafts += 1
                     q = None if shadow.probs is None else shadow.probs[0]
-                    governor.observe_shadow(acceptance_probability(target_probs[0], shadow.tokens[0], q))
+                    # The row accept_chain just checked: no second pass over the vocabulary.
+                    chance = acceptance_probability(target_probs[0], shadow.tokens[0], q, check_rows=False)
+                    governor.observe_shadow(chance)
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 request.drafter.observe(context, accepted)

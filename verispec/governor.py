@@ -288,6 +288,12 @@ class Governor:
     def best(self) -> Decision:
         """The k with the most predicted tokens per unit time, by the theory."""
         best, estimates = Decision(0, 1.0), self.estimates(self.current)
+        # A round of k yields at most 1 + k a_1 tokens (every later acceptance is at most 1)
+        # and costs at least one step: below the gain even at k_max, no k pays. This is the
+        # plain round of a drafter that keeps missing, the one whose bookkeeping must be free.
+        first = estimates.expected(1)[0]
+        if 1.0 + self.k_max * first < MIN_GAIN:
+            return best
         for k in range(1, self.k_max + 1):
             speed = rounds.expected_tokens_positional(estimates.expected(k)) / self.costs.round_steps(k)
             if speed > best.predicted_speedup:

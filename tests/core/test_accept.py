@@ -58,6 +58,16 @@ def test_acceptance_probability_is_the_rules_threshold():
         acceptance_probability(P, 3, None)
 
 
+def test_acceptance_probability_on_checked_rows_skips_only_the_row_checks():
+    for x, q in [(0, Q), (1, Q), (2, None), (2, np.array([0.5, 0.5, 0.0]))]:
+        assert acceptance_probability(P, x, q, check_rows=False) == acceptance_probability(P, x, q)
+    with pytest.raises(RuleInputError):  # unchecked: a row that does not sum to 1 passes ...
+        acceptance_probability(2 * P, 1, None)
+    assert acceptance_probability(2 * P, 1, None, check_rows=False) == 0.7
+    with pytest.raises(RuleInputError):  # ... but a token outside the vocabulary never does
+        acceptance_probability(P, 3, None, check_rows=False)
+
+
 def test_zero_draft_probability_is_rejected_without_nan():
     q = np.array([0.5, 0.5, 0.0])
     step = accept_step(P, 2, q, 0.0, 0.99)

@@ -16,6 +16,23 @@ def test_closing_a_stream_midway_resets_the_target(tiny_engine):
     assert again.token_ids == fresh.token_ids
 
 
+def test_a_long_prompt_can_be_stopped_between_prefill_chunks(either_engine, monkeypatch):
+    from verispec.targets import native, torch_target
+
+    monkeypatch.setattr(native, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(torch_target, "PREFILL_CHUNK", 16)
+    prompt = "the cat sat on the mat. " * 8  # 192 characters: twelve chunks
+    target = either_engine.target
+    stream = either_engine.stream(prompt, drafter="none", temperature=0, max_tokens=4)
+    pieces = iter(stream)
+    assert next(pieces) == "" and target.cached_tokens == 16  # control back after one chunk
+    assert next(pieces) == "" and target.cached_tokens == 32
+    stream.close()  # a client that left: the rest of the prompt is never read
+    assert target.cached_tokens == 0 and stream.result is None
+    whole = either_engine.generate(prompt, drafter="none", temperature=0, max_tokens=4)
+    assert whole.stats.prefill_seconds > 0 and whole.stats.prompt_tokens == len(either_engine.encode(prompt))
+
+
 @pytest.mark.parametrize("drafter", ["lookup", "model", "none"])
 def test_same_seed_same_output(tiny_engine, drafter):
     options = {"drafter": drafter, "k": 3, "temperature": 1.0, "top_p": 0.95, "max_tokens": 30}

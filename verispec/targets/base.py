@@ -8,7 +8,8 @@ token after input i. Rolling back to ``n`` keeps the first ``n`` cached position
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,6 +69,28 @@ class Target(Protocol):
     def reset(self) -> None:
         """Drop the whole cache."""
         ...
+
+
+def prefill_steps(target: Target, token_ids: Sequence[int]) -> Iterator[float]:
+    """Prefill ``token_ids`` on ``target``, yielding the seconds of each piece as it ends.
+
+    A target may offer ``prefill_chunks(token_ids)``, a generator that prefills a chunk at a
+    time and yields (the positions cached so far) between chunks; then a long prompt yields several times, and whoever
+    drives the engine can stop a request between chunks (a client that left). Otherwise the
+    whole prefill is one piece."""
+    chunks = getattr(target, "prefill_chunks", None)
+    if chunks is None:
+        start = time.perf_counter()
+        target.prefill(token_ids)
+        yield time.perf_counter() - start
+        return
+    pieces = iter(chunks(token_ids))
+    while True:
+        start = time.perf_counter()
+        more = next(pieces, None) is not None
+        yield time.perf_counter() - start
+        if not more:
+            return
 
 
 def check_can_run(target: Target, prompt_tokens: int) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,12 @@ class LlamaCppTarget:
         self._length = 0
 
     def prefill(self, token_ids: Sequence[int]) -> None:
+        for _ in self.prefill_chunks(token_ids):
+            pass
+
+    def prefill_chunks(self, token_ids: Sequence[int]) -> Iterator[int]:
+        """``prefill`` a batch of ``BATCH`` tokens at a time (after the reused prefix),
+        yielding the positions cached after each (the engine lets its consumer stop there)."""
         self.reset()
         ids = list(token_ids)
         kept = 0
@@ -179,9 +185,10 @@ class LlamaCppTarget:
                 break
             kept += 1
         self._length = self.reused_tokens = kept
+        self._forget_beyond(kept)
         for start in range(kept, len(ids), BATCH):
             self._decode(ids[start : start + BATCH], logits=False)
-        self._forget_beyond(len(ids))
+            yield self._length
 
     def verify(self, token_ids: Sequence[int]) -> Logits:
         ids = list(token_ids)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,8 @@ class NativeTarget:
             raise TargetError(str(error)) from error
         config = self.checkpoint.config
         trained = int(getattr(config, "max_position_embeddings", 0) or DEFAULT_CONTEXT)
-        self._context = min(context or DEFAULT_CONTEXT, trained, _window(config))
+        window = _sliding_window(config)
+        self._context = min(context or DEFAULT_CONTEXT, trained, window or trained)
         if self._context < 2:
             raise TargetError(f"a context of {self._context} positions leaves no room to generate")
         own = config.eos_token_id if isinstance(config.eos_token_id, (list, tuple)) else [config.eos_token_id]
@@ -147,18 +148,23 @@ class NativeTarget:
         self._last_hidden = None
 
     def prefill(self, token_ids: Sequence[int]) -> None:
+        for _ in self.prefill_chunks(token_ids):
+            pass
+
+    def prefill_chunks(self, token_ids: Sequence[int]) -> Iterator[int]:
+        """``prefill`` a chunk of ``PREFILL_CHUNK`` tokens at a time, yielding the positions
+        cached after each (the engine lets its consumer stop a request there)."""
         self.reset()
         ids = list(token_ids)
         self._check_room(len(ids))
         keep = self._capture.prefill_rows if self._capture is not None else 0
-        kept: list[torch.Tensor] = []
+        if self._capture is not None:
+            self._last_hidden = torch.zeros(0, len(self._capture.layers) * self.hidden_size)
         for start in range(0, len(ids), PREFILL_CHUNK):
             _, hidden = self._forward(ids[start : start + PREFILL_CHUNK], logits=False)
-            if hidden is not None and keep:
-                kept.append(hidden[-keep:])
-        if self._capture is not None:
-            width = len(self._capture.layers) * self.hidden_size
-            self._last_hidden = torch.cat(kept)[-keep:] if kept and keep else torch.zeros(0, width)
+            if hidden is not None and self._last_hidden is not None:
+                self._last_hidden = torch.cat([self._last_hidden, hidden])[-keep:] if keep else self._last_hidden[:0]
+            yield self._length
 
     def verify(self, token_ids: Sequence[int]) -> Logits:
         if not token_ids:
@@ -256,12 +262,13 @@ class NativeTarget:
         return self._fingerprint
 
 
-def _window(config: Any) -> int:
-    """Positions within which attention is full: a sliding window (Mistral's, Qwen2's when it
-    uses one) caps the context, since the native forward attends to every earlier key."""
+def _sliding_window(config: Any) -> int | None:
+    """Positions within which attention is full, where a sliding window applies (Mistral's;
+    Qwen2's when it uses one): it caps the context, since the native forward attends to
+    every earlier key."""
     window = getattr(config, "sliding_window", None)
     if not window or (config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False)):
-        return DEFAULT_CONTEXT * 1024
+        return None
     return int(window)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -192,17 +192,25 @@ class TorchTarget:
         self._last_hidden = None
 
     def prefill(self, token_ids: Sequence[int]) -> None:
+        for _ in self.prefill_chunks(token_ids):
+            pass
+
+    def prefill_chunks(self, token_ids: Sequence[int]) -> Iterator[int]:
+        """``prefill`` a chunk of ``PREFILL_CHUNK`` tokens at a time, yielding the positions
+        cached after each (the engine lets its consumer stop a request there)."""
         self.reset()
         ids = list(token_ids)
         keep = self._capture.prefill_rows if self._capture is not None else 0
-        kept: list[torch.Tensor] = []
+        kept = None
+        if self._capture is not None:
+            kept = torch.zeros(0, len(self._capture.layers) * self.hidden_size, dtype=self.dtype)
+            self._last_hidden = kept
         for start in range(0, len(ids), PREFILL_CHUNK):
             self._forward(ids[start : start + PREFILL_CHUNK], keep_logits=False)
-            if self._last_hidden is not None and keep:
-                kept.append(self._last_hidden[-keep:])
-        if self._capture is not None:
-            empty = torch.zeros(0, len(self._capture.layers) * self.hidden_size, dtype=self.dtype)
-            self._last_hidden = torch.cat(kept)[-keep:] if kept and keep else empty
+            if kept is not None and self._last_hidden is not None:
+                kept = torch.cat([kept, self._last_hidden])[-keep:] if keep else kept
+                self._last_hidden = kept  # the prompt's last rows, not only this chunk's
+            yield self._length
 
     def verify(self, token_ids: Sequence[int]) -> Logits:
         if not token_ids:
