@@ -29,6 +29,7 @@ from verispec.accept import accept_chain, acceptance_probability
 from verispec.detokenize import TextStream
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
 from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
+from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target, TargetError, check_can_run, prefill_steps
@@ -240,6 +241,8 @@ class Engine:
                 request.drafter.reset()
                 if capture is not None:
                     self.target.capture_hidden(None)  # type: ignore[attr-defined]
+                if len(request.context) >= RELEASE_AFTER_TOKENS:
+                    release_free_memory()  # a long prompt's temporaries: see verispec/memory.py
         stream.result = Generation(
             text=request.text.text,
             token_ids=request.context[len(request.prompt_ids) :],

@@ -12,7 +12,7 @@ generation's measured cost of a drafted round in plain decode steps.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from verispec.stats import RequestStats
 
@@ -25,6 +25,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_resident_memory_bytes and friends: memory after long prompts is watched here.
+        ProcessCollector(registry=r)
         self.requests = Counter(
             "verispec_requests", "HTTP requests finished, by route and status", ["route", "status"], registry=r
         )
