@@ -1,9 +1,11 @@
 """The economics governor with a simulated clock and scripted acceptance, then in the engine."""
 
+import time
+
 import numpy as np
 import pytest
 
-from tests.engine.scripted import AlwaysWrongDrafter, WrongThenRightDrafter
+from tests.engine.scripted import AlwaysWrongDrafter, ScriptDrafter, WrongThenRightDrafter
 from verispec import rounds
 from verispec.governor import ALWAYS_WRONG_BOUND, FIRST_BACKOFF, MEMORY_EMA, AcceptanceMemory, CostModel, Governor
 
@@ -336,3 +338,30 @@ def test_governed_decisions_are_visible_in_stats(tiny_engine):
     assert sum(record["k_chosen_histogram"].values()) == record["rounds"]
     assert {"governor_plain_rounds", "governor_probes", "cost_steps"} <= set(record)
     assert result.k == "auto"
+
+
+class _StalledCalibrationDrafter(ScriptDrafter):
+    name = "stalled-calibration"  # calibrated costs are kept per drafter name: this test's own
+
+
+def test_a_stall_during_calibration_does_not_price_drafting_out(tiny_engine, monkeypatch):
+    # Two of the three timed passes of every size above one row stall (another process took
+    # the core): the cost of rows must come from the undisturbed passes, or a reproducible
+    # request, whose costs stay as calibrated, would never draft again on this engine.
+    prompt = "abc abc abc abc ab"
+    plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=30)
+    verify, seen = tiny_engine.target.verify, []
+
+    def stalling(token_ids):
+        seen.append(len(token_ids))
+        if len(token_ids) > 1 and seen.count(len(token_ids)) <= 2:
+            time.sleep(0.05)
+        return verify(token_ids)
+
+    monkeypatch.setattr(tiny_engine.target, "verify", stalling)
+    drafter = _StalledCalibrationDrafter(tiny_engine.encode(prompt) + plain.token_ids)
+    result = tiny_engine.generate(prompt, drafter=drafter, k="auto", temperature=0.7, seed=1, max_tokens=30)
+    costs = tiny_engine._calibrated_costs["stalled-calibration"]
+    assert seen.count(2) >= 3  # the stalls did happen, in the calibration
+    assert costs.verify(2) < 0.05  # ... and were not taken as the cost of 2 rows
+    assert result.stats.offered > 0
