@@ -610,7 +610,8 @@ class Decoder {
     TORCH_CHECK(down.rows == hidden_ && down.cols == inter_, "down has the wrong shape");
     layers_.push_back(Layer{attn_norm.contiguous(), ffn_norm.contiguous(), qkv, o, gate_up, down});
     auto options = at::TensorOptions().dtype(at::kShort);
-    keys_.push_back(at::zeros({kv_heads_, context_, head_dim_}, options));
+    // Keys in blocks of KEY_BLOCK positions, dimension-major inside a block (see key_at).
+    keys_.push_back(at::zeros({kv_heads_, key_blocks(), head_dim_, KEY_BLOCK}, options));
     values_.push_back(at::zeros({kv_heads_, context_, head_dim_}, options));
   }
 
@@ -707,16 +708,40 @@ class Decoder {
         const float* k = row + (heads_ + g) * D;
         const float* v = row + (heads_ + kv_heads_ + g) * D;
         for (int64_t i = 0; i < D; i++) {
-          kc[(g * context_ + pos) * D + i] = (int16_t)float_to_fp16(k[i]);
+          kc[key_at(g, pos, i)] = (int16_t)float_to_fp16(k[i]);
           vc[(g * context_ + pos) * D + i] = (int16_t)float_to_fp16(v[i]);
         }
       }
     }
   }
 
-  // Each (row, head) attends over exactly its own causal prefix of the cache.
+  static constexpr int64_t KEY_BLOCK = 8;  // positions per key block: one vector of scores
+  int64_t key_blocks() const { return (context_ + KEY_BLOCK - 1) / KEY_BLOCK; }
+  // Index of dimension i of the key at position pos of KV head g: the keys of a block lie
+  // dimension-major, so one vector load holds dimension i of KEY_BLOCK consecutive keys and a
+  // query scores KEY_BLOCK keys at once, with no horizontal sums.
+  int64_t key_at(int64_t g, int64_t pos, int64_t i) const {
+    return ((g * key_blocks() + pos / KEY_BLOCK) * head_dim_ + i) * KEY_BLOCK + pos % KEY_BLOCK;
+  }
+
+  // Each (row, head) attends over exactly its own causal prefix of the cache. Per query:
+  // score[t] = one FMA chain over the head dimension in order (q pre-scaled), the softmax
+  // (max, exp, sum in 8 lanes), out[i] = (FMA chain over t in order of w[t] V[t][i]) / sum.
+  // The queries of one KV head run in groups (4 for many rows, else 1) that share each loaded
+  // key and value; a query's arithmetic is the same in any group, so a row's result does not
+  // depend on the other rows of its pass.
   void attention(const float* qkv, int64_t M, int64_t start, int64_t layer, float* out) {
-    const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D, group = heads_ / kv_heads_;
+    const int64_t D = head_dim_, group = heads_ / kv_heads_;
+#ifdef VS_AVX2
+    if (D % 8 == 0) {
+      if (M * heads_ >= 16 * at::get_num_threads())
+        attention_groups<4>(qkv, M, start, layer, out);
+      else
+        attention_groups<1>(qkv, M, start, layer, out);
+      return;
+    }
+#endif
+    const int64_t cols = (heads_ + 2 * kv_heads_) * D;
     const float scale = 1.0f / std::sqrt((float)D);
     const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
     const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
@@ -728,59 +753,120 @@ class Decoder {
         const int64_t r = task / heads_, head = task % heads_, g = head / group, keys = start + r + 1;
         const float* query = qkv + r * cols + head * D;
         for (int64_t i = 0; i < D; i++) q[i] = query[i] * scale;
-        const uint16_t* K = kc + g * context_ * D;
-        const uint16_t* V = vc + g * context_ * D;
-        scores_fp16(q.data(), K, keys, D, scores.data());
-        float best = -INFINITY;
-        for (int64_t t = 0; t < keys; t++) best = std::max(best, scores[t]);
-        for (int64_t t = 0; t < keys; t++) scores[t] -= best;
-        exp_inplace(scores.data(), keys);
-        const float inv = 1.0f / sum_lanes(scores.data(), keys);
+        for (int64_t t = 0; t < keys; t++) {
+          float acc = 0.f;
+          for (int64_t i = 0; i < D; i++) acc = std::fma(q[i], fp16_to_float(kc[key_at(g, t, i)]), acc);
+          scores[t] = acc;
+        }
         float* o = out + r * heads_ * D + head * D;
-        weighted_sum_fp16(scores.data(), V, keys, D, o);
+        const float inv = softmax(scores.data(), keys);
+        weighted_sum_fp16(scores.data(), vc + g * context_ * D, keys, D, o);
         for (int64_t i = 0; i < D; i++) o[i] *= inv;
       }
     });
   }
 
-  // scores[t] = q . K[t] for t < keys. Each key's dot product is the same sequence of
-  // operations (8 lanes over the head dimension, then hsum8) whether it runs in a group of
-  // four keys (independent chains, for throughput) or alone.
-  static void scores_fp16(const float* q, const uint16_t* K, int64_t keys, int64_t D, float* scores) {
-    int64_t t = 0;
-#ifdef VS_AVX2
-    const int64_t vec = D / 8 * 8;
-    for (; t + 4 <= keys; t += 4) {
-      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int64_t i = 0; i < vec; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int u = 0; u < 4; u++)
-          acc[u] = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(K + (t + u) * D + i))), acc[u]);
-      }
-      for (int u = 0; u < 4; u++) scores[t + u] = finish_dot(acc[u], q, K + (t + u) * D, vec, D);
-    }
-    for (; t < keys; t++) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < vec; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(K + t * D + i))), acc);
-      scores[t] = finish_dot(acc, q, K + t * D, vec, D);
-    }
-#else
-    for (; t < keys; t++) {
-      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t i = 0; i < D; i++) lanes[i % 8] = std::fma(q[i], fp16_to_float(K[t * D + i]), lanes[i % 8]);
-      scores[t] = hsum8(lanes);
-    }
-#endif
+  // exp(s - max s) in place over n scores; returns 1 / their sum.
+  static float softmax(float* s, int64_t n) {
+    float best = -INFINITY;
+    for (int64_t t = 0; t < n; t++) best = std::max(best, s[t]);
+    for (int64_t t = 0; t < n; t++) s[t] -= best;
+    exp_inplace(s, n);
+    return 1.0f / sum_lanes(s, n);
   }
 
 #ifdef VS_AVX2
-  static inline float finish_dot(__m256 acc, const float* q, const uint16_t* k, int64_t from, int64_t D) {
-    if (from == D) return hsum8(acc);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    for (int64_t i = from; i < D; i++) lanes[i % 8] = std::fma(q[i], fp16_to_float(k[i]), lanes[i % 8]);
-    return hsum8(lanes);
+  // attention() with the queries of each KV head (row-major, then head) in groups of G, one
+  // task each; a short last group repeats its first query and drops that copy's output.
+  template <int G>
+  void attention_groups(const float* qkv, int64_t M, int64_t start, int64_t layer, float* out) {
+    const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D, group = heads_ / kv_heads_;
+    const float scale = 1.0f / std::sqrt((float)D);
+    const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
+    const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
+    const int64_t per_head = M * group, tasks_per_head = (per_head + G - 1) / G;
+    const int64_t stride = (start + M + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (G * (start + M) * D));
+    at::parallel_for(0, kv_heads_ * tasks_per_head, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(G * stride), queries(G * D), dummy(D);
+      for (int64_t task = begin; task < end; task++) {
+        const int64_t g = task / tasks_per_head, first = task % tasks_per_head * G;
+        const int64_t n = std::min<int64_t>(G, per_head - first);
+        int64_t keys[G];
+        float* outs[G];
+        for (int j = 0; j < G; j++) {
+          const int64_t index = first + (j < n ? j : 0), r = index / group, head = g * group + index % group;
+          const float* query = qkv + r * cols + head * D;
+          for (int64_t i = 0; i < D; i++) queries[j * D + i] = query[i] * scale;
+          keys[j] = start + r + 1;
+          outs[j] = j < n ? out + r * heads_ * D + head * D : dummy.data();
+        }
+        attend<G>(queries.data(), keys, kc + g * key_blocks() * D * KEY_BLOCK, vc + g * context_ * D, D, stride,
+                  scores.data(), outs);
+      }
+    });
+  }
+
+  // G scaled queries of one KV head (rows of q), query j over keys [0, keys[j]); K in key
+  // blocks, V position-major; scores has a row of ``stride`` floats per query.
+  template <int G>
+  static void attend(const float* q, const int64_t* keys, const uint16_t* K, const uint16_t* V, int64_t D,
+                     int64_t stride, float* scores, float* const* outs) {
+    constexpr int64_t B = KEY_BLOCK;
+    constexpr int KB = G >= 3 ? 2 : 4;  // key blocks per step: KB * G independent FMA chains
+    int64_t lo = keys[0], hi = keys[0];
+    for (int j = 1; j < G; j++) lo = std::min(lo, keys[j]), hi = std::max(hi, keys[j]);
+    const int64_t blocks = (hi + B - 1) / B;
+    int64_t b = 0;
+    for (; b + KB <= blocks; b += KB) score_blocks<G, KB>(q, K + b * D * B, D, scores + b * B, stride);
+    for (; b < blocks; b++) score_blocks<G, 1>(q, K + b * D * B, D, scores + b * B, stride);
+    float inv[G];
+    for (int j = 0; j < G; j++) inv[j] = softmax(scores + j * stride, keys[j]);
+    constexpr int NV = G == 1 ? 8 : G == 2 ? 4 : 2;  // 8-wide accumulators per query per pass
+    int64_t base = 0;
+    for (; base + 8 * NV <= D; base += 8 * NV) weigh<G, NV>(scores, stride, keys, lo, hi, V, D, base, inv, outs);
+    for (; base < D; base += 8) weigh<G, 1>(scores, stride, keys, lo, hi, V, D, base, inv, outs);
+  }
+
+  // Scores of KB key blocks for G queries: lane l of block b is key b * B + l.
+  template <int G, int KB>
+  static inline void score_blocks(const float* q, const uint16_t* K, int64_t D, float* scores, int64_t stride) {
+    constexpr int64_t B = KEY_BLOCK;
+    __m256 acc[KB][G];
+    for (int u = 0; u < KB; u++)
+      for (int j = 0; j < G; j++) acc[u][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i++) {
+      __m256 k[KB];
+      for (int u = 0; u < KB; u++) k[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(K + (u * D + i) * B)));
+      for (int j = 0; j < G; j++) {
+        const __m256 qv = _mm256_broadcast_ss(q + j * D + i);
+        for (int u = 0; u < KB; u++) acc[u][j] = _mm256_fmadd_ps(qv, k[u], acc[u][j]);
+      }
+    }
+    for (int j = 0; j < G; j++)
+      for (int u = 0; u < KB; u++) _mm256_storeu_ps(scores + j * stride + u * B, acc[u][j]);
+  }
+
+  // Dimensions [base, base + 8 NV) of the G outputs: sums over keys in order, then / sum.
+  template <int G, int NV>
+  static inline void weigh(const float* scores, int64_t stride, const int64_t* keys, int64_t lo, int64_t hi,
+                           const uint16_t* V, int64_t D, int64_t base, const float* inv, float* const* outs) {
+    __m256 acc[G][NV];
+    for (int j = 0; j < G; j++)
+      for (int c = 0; c < NV; c++) acc[j][c] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < hi; t++) {
+      __m256 v[NV];
+      for (int c = 0; c < NV; c++) v[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(V + t * D + base + 8 * c)));
+      for (int j = 0; j < G; j++) {
+        if (t >= lo && t >= keys[j]) continue;  // past this query's prefix (only near the end)
+        const __m256 w = _mm256_set1_ps(scores[j * stride + t]);
+        for (int c = 0; c < NV; c++) acc[j][c] = _mm256_fmadd_ps(w, v[c], acc[j][c]);
+      }
+    }
+    for (int j = 0; j < G; j++) {
+      const __m256 s = _mm256_set1_ps(inv[j]);
+      for (int c = 0; c < NV; c++) _mm256_storeu_ps(outs[j] + base + 8 * c, _mm256_mul_ps(acc[j][c], s));
+    }
   }
 #endif
 
