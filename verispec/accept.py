@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from verispec.errors import UserError
+
 Row = NDArray[np.float64]
 
 # A row must sum to 1 within this much; float32 softmax rows over 50k tokens land within 1e-6.
@@ -41,7 +43,7 @@ UNIFORMS_PER_POSITION = 2
 SPARSE_SHARE = 8  # a row with mass on under 1/8 of the vocabulary is searched over its support
 
 
-class RuleInputError(ValueError):
+class RuleInputError(UserError, ValueError):
     """Inputs the rule refuses rather than turn into a silently wrong token."""
 
 

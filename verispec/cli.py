@@ -138,11 +138,11 @@ def run_generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from verispec.errors import USER_ERRORS
+    from verispec.errors import UserError
 
     try:
         return int(args.run(args))
-    except USER_ERRORS as error:
+    except UserError as error:
         print(f"verispec: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -27,7 +27,9 @@ import numpy as np
 
 from verispec.accept import accept_chain, acceptance_probability
 from verispec.detokenize import TextStream
-from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext, create_drafter
+from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext
+from verispec.drafters.registry import create_drafter
+from verispec.errors import UserError
 from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
 from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
@@ -39,7 +41,7 @@ DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
 AUTO = "auto"
 
 
-class PromptError(ValueError):
+class PromptError(UserError, ValueError):
     """The prompt cannot be run: empty, or too long for the context."""
 
     def __init__(self, message: str, prompt_tokens: int = 0, context_length: int = 0) -> None:
@@ -229,7 +231,7 @@ class Engine:
     def _run(self, request: _Request, stream: GenerationStream) -> Iterator[str]:
         # A drafter trained on the target's hidden states says which ones it reads
         # (``hidden_capture``); the target keeps them from its own passes for this request.
-        capture = getattr(request.drafter, "hidden_capture", None)
+        capture = request.drafter.hidden_capture
         with self._lock:
             try:
                 if capture is not None:
@@ -363,7 +365,7 @@ class Engine:
         start = {} if reproducible else self._acceptance.setdefault(name, AcceptanceMemory()).start()
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
         # nothing the next round sees), and only while they are nearly free.
-        shadow = bool(getattr(request.drafter, "pure_proposals", False)) and Governor.can_shadow(costs)
+        shadow = request.drafter.pure_proposals and Governor.can_shadow(costs)
         governor = Governor(k_max, costs, adapt_costs=not reproducible, shadow=shadow, start=start)
         request.stats.governor_start_acceptance = start[None][0] if start else None
         request.governor = governor

@@ -1,28 +1,16 @@
-"""The errors a user can cause, gathered so entry points report them in one way.
+"""The base of every error a user can cause, so entry points report them in one way.
 
-Each is raised next to the check that finds it; this module only collects them.
+``UserError``: bad input or a missing resource that the user can fix (an unknown drafter, a
+prompt longer than the context, a sampling parameter out of range, a model that will not
+load, a bad benchmark or training setting). Its message says what was wrong and how to put
+it right; the CLI prints it and the server answers 400 with it, where any other exception
+is a bug. Each such error is declared next to the check that raises it and derives from
+``UserError`` (besides ``ValueError`` or ``RuntimeError`` as before).
+
+A leaf module: it imports nothing, so the pure core (``accept``, ``sampling``) and the
+server can depend on it without depending on anything else.
 """
 
-from verispec.accept import RuleInputError
-from verispec.bench.cli import BenchInputError
-from verispec.bench.configs import BenchConfigError
-from verispec.drafters.base import DrafterError
-from verispec.engine import PromptError
-from verispec.models import ModelLoadError
-from verispec.prompts import PromptSetError
-from verispec.sampling import SamplingError
-from verispec.targets.base import TargetError
-from verispec.train.loop import TrainError
 
-USER_ERRORS: tuple[type[Exception], ...] = (
-    ModelLoadError,
-    DrafterError,
-    PromptError,
-    SamplingError,
-    TargetError,
-    RuleInputError,
-    BenchConfigError,
-    BenchInputError,
-    PromptSetError,
-    TrainError,
-)
+class UserError(Exception):
+    """An error the user caused and can fix; the message is meant for them."""

@@ -81,7 +81,7 @@ class GGUFFile:
 
 
 def _index_path(path: Path) -> Path:
-    from verispec.models import cache_root
+    from verispec.cache import cache_root
 
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]

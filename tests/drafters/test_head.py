@@ -8,7 +8,8 @@ import pytest
 from tests import tiny
 from tests.drafters import trained
 from verispec.drafters import head
-from verispec.drafters.base import DrafterContext, DrafterError, create_drafter
+from verispec.drafters.base import DrafterContext, DrafterError
+from verispec.drafters.registry import create_drafter
 from verispec.sampling import SamplingParams
 from verispec.targets.torch_target import TorchTarget
 
@@ -62,6 +63,7 @@ class MedianDraws:
     def __init__(self, drafter):
         self.drafter = drafter
         self.hidden_capture = drafter.hidden_capture
+        self.pure_proposals = False
 
     class _Half:
         def random(self):

@@ -16,6 +16,8 @@ class ScriptDrafter:
     as point masses: with the target's own greedy output as script, every draft is right."""
 
     name = "script"
+    hidden_capture = None
+    pure_proposals = False
 
     def __init__(self, script: Sequence[int]) -> None:
         self.script = list(script)

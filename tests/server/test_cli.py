@@ -37,7 +37,7 @@ def test_help_offers_the_registry_drafters_but_not_the_negative_control(capsys):
     assert all(name in drafter_help for name in ("lookup", "head", "block", "model", "none")), drafter_help
     assert "wrong" not in drafter_help
 
-    from verispec.drafters.base import drafter_names
+    from verispec.drafters.registry import drafter_names
 
     offered = drafter_names(controls=False)
     assert ", ".join(offered) in drafter_help and "wrong" in drafter_names()

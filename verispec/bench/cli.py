@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.cli_args import add_model_options, k_value, model_options
+from verispec.errors import UserError
 
 DEFAULT_CONFIGS = ["none", "lookup", "hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup"]
 
@@ -37,7 +38,7 @@ def add_bench_parser(commands: Any) -> None:
     bench.set_defaults(run=run_bench_command)
 
 
-class BenchInputError(ValueError):
+class BenchInputError(UserError, ValueError):
     """Bad benchmark input: files, categories, configurations."""
 
 
@@ -87,7 +88,7 @@ def _file_safe(label: str) -> str:
 def run_bench_command(args: argparse.Namespace) -> int:
     from verispec.bench import run
     from verispec.bench.configs import parse_configs
-    from verispec.drafters.base import drafter_names
+    from verispec.drafters.registry import drafter_names
     from verispec.prompts import load_prompts, select
 
     if args.plot:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verispec.drafters.base import DrafterError, check_confidence
+from verispec.errors import UserError
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
@@ -34,7 +35,7 @@ PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
 
 
-class BenchConfigError(ValueError):
+class BenchConfigError(UserError, ValueError):
     """A configuration string that cannot be run."""
 
 

@@ -24,8 +24,8 @@ from verispec.bench.runners import (
     RunRecord,
     VerispecRunner,
 )
+from verispec.cpu import cpu_threads
 from verispec.prompts import Prompt
-from verispec.targets.torch_target import cpu_threads
 
 WARMUP_TOKENS = 8
 

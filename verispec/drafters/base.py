@@ -1,4 +1,4 @@
-"""The Drafter protocol and the registry of drafters by name.
+"""The Drafter protocol, the Draft it proposes, and what a drafter's factory is given.
 
 Lifecycle, one line each:
 
@@ -9,33 +9,37 @@ Lifecycle, one line each:
   bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
 - ``reset()``: forget the request.
 
-A drafter conditioned on the target's hidden states (``head``, ``block``) also has a
-``hidden_capture`` attribute (a ``verispec.targets.base.HiddenCapture``): the engine turns
-the target's capture on for the request, so ``begin`` finds the prompt's states in
-``target.last_hidden`` and ``observe`` the last verify pass's (rows 0..accepted are the
-committed positions).
+Two attributes say what a drafter needs of the engine (every drafter sets both):
 
-A drafter whose ``propose`` is pure (it changes nothing a later call sees) and cheap may
-set ``pure_proposals = True``: the engine then asks it for its proposal of up to k_max
-tokens before the governor decides how many of them to verify (a proposal of k tokens must
-be the first k of a longer one), and in plain rounds its first token is a shadow draft that
-shows whether drafting would pay again (``verispec.governor``).
+- ``hidden_capture``: None, or for a drafter conditioned on the target's hidden states
+  (``head``, ``block``) a ``verispec.targets.base.HiddenCapture``: the engine turns the
+  target's capture on for the request, so ``begin`` finds the prompt's states in
+  ``target.last_hidden`` and ``observe`` the last verify pass's (rows 0..accepted are the
+  committed positions).
+- ``pure_proposals``: True for a drafter whose ``propose`` is pure (it changes nothing a
+  later call sees) and cheap: the engine then asks it for its proposal of up to k_max
+  tokens before the governor decides how many of them to verify (a proposal of k tokens
+  must be the first k of a longer one), and in plain rounds its first token is a shadow
+  draft that shows whether drafting would pay again (``verispec.governor``). False otherwise.
 
 A drafter proposes and observes; it never decides acceptance. The engine creates drafters
-through ``create_drafter(name, ...)``; the registry is the only place names are looked up.
+through ``verispec.drafters.registry.create_drafter(name, ...)``, the only place names are
+looked up.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
+from verispec.errors import UserError
 from verispec.sampling import SamplingParams
+from verispec.targets.base import HiddenCapture
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,13 @@ NO_DRAFT = Draft(tokens=[])
 class Drafter(Protocol):
     name: str
 
+    # Read-only here, so a drafter may hold a narrower type (a HiddenCapture, never None).
+    @property
+    def hidden_capture(self) -> HiddenCapture | None: ...
+
+    @property
+    def pure_proposals(self) -> bool: ...
+
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None: ...
 
     def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft: ...
@@ -72,7 +83,7 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
 
-class DrafterError(ValueError):
+class DrafterError(UserError, ValueError):
     """A drafter cannot be built for this target (unknown name, vocabulary mismatch, ...)."""
 
 
@@ -86,42 +97,6 @@ class DrafterContext:
 
     def option(self, key: str, default: Any = None) -> Any:
         return (self.options or {}).get(key, default)
-
-
-DrafterFactory = Callable[[DrafterContext], Drafter]
-_REGISTRY: dict[str, DrafterFactory] = {}
-_CONTROLS: set[str] = set()  # negative controls: for benchmarks and tests, not offered to users
-
-
-def register_drafter(name: str, *, control: bool = False) -> Callable[[DrafterFactory], DrafterFactory]:
-    """Class or function decorator: make ``name`` buildable by ``create_drafter``;
-    ``control``: a negative control (buildable, but left out of the names offered to users)."""
-
-    def decorate(factory: DrafterFactory) -> DrafterFactory:
-        _REGISTRY[name] = factory
-        if control:
-            _CONTROLS.add(name)
-        return factory
-
-    return decorate
-
-
-def drafter_names(*, controls: bool = True) -> list[str]:
-    _load_builtin()
-    return sorted(name for name in _REGISTRY if controls or name not in _CONTROLS)
-
-
-def create_drafter(name: str, context: DrafterContext) -> Drafter:
-    _load_builtin()
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise DrafterError(f"unknown drafter {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return factory(context)
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers their drafters.
-    from verispec.drafters import block, control, head, lookup, model, none  # noqa: F401
 
 
 # A trained drafter stops drafting where its confidence (``SharedTarget.distribution``) falls

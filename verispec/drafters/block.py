@@ -34,7 +34,6 @@ from verispec.drafters.base import (
     DrafterContext,
     DrafterError,
     check_confidence,
-    register_drafter,
 )
 from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget
 from verispec.sampling import SamplingParams
@@ -144,6 +143,7 @@ class BlockDrafter:
     """The Drafter: keeps per-layer context keys of the last ``window`` committed positions."""
 
     name = KIND
+    pure_proposals = False
 
     def __init__(
         self, net: BlockNet, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
@@ -241,7 +241,6 @@ def build(target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONF
     return BlockDrafter(net, shared, target, min_confidence)
 
 
-@register_drafter(KIND)
 def _build(context: DrafterContext) -> BlockDrafter:
     directory = weights.weights_dir(context.option("drafter_weights"), KIND)
     return build(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))

@@ -12,12 +12,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, register_drafter
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext
 from verispec.sampling import SamplingParams
 
 
 class WrongDrafter:
     name = "wrong"
+    hidden_capture = None
     pure_proposals = True  # a constant; see drafters.base
 
     def __init__(self, token: int) -> None:
@@ -36,6 +37,5 @@ class WrongDrafter:
         pass
 
 
-@register_drafter("wrong", control=True)
 def _build(context: DrafterContext) -> WrongDrafter:
     return WrongDrafter(context.option("wrong_token", context.target.vocab_size - 1))

@@ -32,7 +32,6 @@ from verispec.drafters.base import (
     DrafterContext,
     DrafterError,
     check_confidence,
-    register_drafter,
 )
 from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget, window_mask
 from verispec.sampling import SamplingParams
@@ -117,6 +116,7 @@ class HeadDrafter:
     """The Drafter: keeps the target's features and its own keys for committed positions."""
 
     name = KIND
+    pure_proposals = False
 
     def __init__(
         self, net: HeadNet, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
@@ -258,7 +258,6 @@ def build(target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONF
     return HeadDrafter(net, shared, target, min_confidence)
 
 
-@register_drafter(KIND)
 def _build(context: DrafterContext) -> HeadDrafter:
     directory = weights.weights_dir(context.option("drafter_weights"), KIND)
     return build(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))

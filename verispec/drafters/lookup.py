@@ -16,12 +16,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError
 from verispec.sampling import SamplingParams
 
 
 class LookupDrafter:
     name = "lookup"
+    hidden_capture = None
     pure_proposals = True  # an index read; see drafters.base
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
@@ -71,6 +72,5 @@ class LookupDrafter:
             tokens.append(int(token))
 
 
-@register_drafter("lookup")
 def _build(context: DrafterContext) -> LookupDrafter:
     return LookupDrafter(max_ngram=context.option("max_ngram", 3), min_ngram=context.option("min_ngram", 1))

@@ -14,13 +14,15 @@ from typing import Any
 import numpy as np
 
 from verispec.accept import sample_index
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, register_drafter
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError
 from verispec.sampling import SamplingParams, final_distribution
 from verispec.targets.base import Target
 
 
 class ModelDrafter:
     name = "model"
+    hidden_capture = None
+    pure_proposals = False  # a draw moves the draft model's cache
 
     def __init__(self, draft: Target, target: Target, draft_tokenizer: Any = None, target_tokenizer: Any = None):
         check_same_vocabulary(draft, target, draft_tokenizer, target_tokenizer)
@@ -89,7 +91,6 @@ def check_same_vocabulary(draft: Target, target: Target, draft_tokenizer: Any, t
         )
 
 
-@register_drafter("model")
 def _build(context: DrafterContext) -> ModelDrafter:
     draft = context.option("draft_target")
     if draft is None:

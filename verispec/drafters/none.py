@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, register_drafter
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext
 from verispec.sampling import SamplingParams
 
 
@@ -14,6 +14,8 @@ class NoDrafter:
     """Proposes nothing: every round is one plain decode step (k = 0)."""
 
     name = "none"
+    hidden_capture = None
+    pure_proposals = False
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         pass
@@ -28,6 +30,5 @@ class NoDrafter:
         pass
 
 
-@register_drafter("none")
 def _build(context: DrafterContext) -> NoDrafter:
     return NoDrafter()

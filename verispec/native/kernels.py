@@ -49,7 +49,7 @@ def build_key() -> str:
 
 
 def build_dir() -> Path:
-    from verispec.models import cache_root
+    from verispec.cache import cache_root
 
     return cache_root() / "kernels" / f"decoder-{build_key()}"
 

@@ -44,7 +44,7 @@ class _DrafterNames:
     registry's modules import torch)."""
 
     def __str__(self) -> str:
-        from verispec.drafters.base import drafter_names
+        from verispec.drafters.registry import drafter_names
 
         return ", ".join(drafter_names(controls=False))
 
@@ -114,7 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from verispec import models
     from verispec.api import load_engine
-    from verispec.drafters.base import drafter_names
+    from verispec.drafters.registry import drafter_names
     from verispec.server.app import ServerSettings, create_app
     from verispec.server.runner import GRACEFUL_SHUTDOWN_SECONDS, DrainingServer
 

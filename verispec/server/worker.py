@@ -30,7 +30,7 @@ from typing import Any
 
 from verispec.drafters.base import DrafterError
 from verispec.engine import Engine, Generation, PromptError
-from verispec.errors import USER_ERRORS
+from verispec.errors import UserError
 from verispec.models import ModelLoadError
 from verispec.sampling import InvalidParameterError, NonFiniteLogitsError, SamplingParams
 from verispec.server.errors import APIError, truncate
@@ -230,7 +230,7 @@ class EngineWorker:
             )
         try:
             ids = engine.encode(job.prompt, chat=job.chat)
-        except USER_ERRORS as error:
+        except UserError as error:
             raise APIError(400, str(error), param=job.prompt_param, code="invalid_prompt") from error
         except Exception as error:  # a chat template that refuses these messages, a tokenizer error
             raise APIError(
@@ -279,7 +279,7 @@ class EngineWorker:
             raise APIError(400, truncate(str(error), 300), param=job.prompt_param, code="invalid_prompt") from error
         except (DrafterError, ModelLoadError) as error:
             raise APIError(400, truncate(str(error), 300), param="speculative.drafter", code="invalid_value") from error
-        except USER_ERRORS as error:
+        except UserError as error:
             raise APIError(400, truncate(str(error), 300), code="invalid_value") from error
         return stream, len(ids)
 

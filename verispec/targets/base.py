@@ -16,10 +16,12 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
+from verispec.errors import UserError
+
 Logits = NDArray[np.float32]
 
 
-class TargetError(RuntimeError):
+class TargetError(UserError, RuntimeError):
     """A target cannot do what was asked (rollback unsupported, context exceeded, ...)."""
 
 

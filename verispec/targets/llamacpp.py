@@ -82,7 +82,7 @@ class LlamaCppTarget:
             raise TargetError(
                 "the llama.cpp backend needs llama-cpp-python (pip install 'verispec[llamacpp]')"
             ) from error
-        from verispec.targets.torch_target import cpu_threads
+        from verispec.cpu import cpu_threads
 
         self._lib = llama_cpp
         self.name = name or Path(path).name

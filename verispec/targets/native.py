@@ -59,7 +59,7 @@ class NativeTarget:
         compile: bool | None = None,
         torch_path: bool = False,
     ) -> None:
-        from verispec.targets.torch_target import cpu_threads
+        from verispec.cpu import cpu_threads
 
         self.name = name
         start = time.perf_counter()

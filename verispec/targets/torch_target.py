@@ -12,7 +12,6 @@ passes (``output_hidden_states``): the cost is slicing and concatenating a few r
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,28 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from verispec.cpu import cpu_has_native_bf16, cpu_threads
 from verispec.targets import batch_invariant
 from verispec.targets.base import HiddenCapture, Logits, TargetError
 
 PREFILL_CHUNK = 512  # prompt tokens per forward pass while prefilling
-
-
-def cpu_threads() -> int:
-    """The cores this process may run on (affinity-aware), the thread count torch should use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def cpu_has_native_bf16() -> bool:
-    """True on x86 CPUs with avx512_bf16 or AMX-BF16, where bf16 matmuls run natively."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = next((line for line in handle if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def default_device() -> str:

@@ -80,7 +80,7 @@ def run_train(args: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from verispec.targets.torch_target import cpu_has_native_bf16
+    from verispec.cpu import cpu_has_native_bf16
     from verispec.train.data import DataSettings
     from verispec.train.pipeline import NetSettings, TrainSettings, train_drafter
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from verispec.errors import UserError
 from verispec.train.objectives import StepResult
 
 CHECKPOINT_DIR = "checkpoint"
@@ -35,7 +36,7 @@ CHECKPOINT_FILE = "state.safetensors"
 GRAD_CLIP = 1.0
 
 
-class TrainError(ValueError):
+class TrainError(UserError, ValueError):
     """A training run that cannot start or continue as asked."""
 
 

@@ -90,6 +90,7 @@ def train_drafter(
     ``data_only``: stop once the training set and its hidden states are cached."""
     from verispec import models
     from verispec.api import eos_ids
+    from verispec.cache import cache_root
     from verispec.targets.torch_target import TorchTarget, parse_dtype
 
     if kind not in KINDS:
@@ -107,7 +108,7 @@ def train_drafter(
     target = TorchTarget(model, name=loaded.source.name, eos_token_ids=eos_ids(loaded), exact=False)
     identity = weights.target_identity(target)
     fingerprint = identity["weights_sha256"]
-    data_dir = data_dir or models.cache_root() / "train-data" / fingerprint[:16]
+    data_dir = data_dir or cache_root() / "train-data" / fingerprint[:16]
 
     corpus, data_seconds = _corpus(model, tokenizer, target, data_settings, data_dir, fingerprint, stage)
     layers = _feature_layers(kind, net_settings, target.num_layers)

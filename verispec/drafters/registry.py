@@ -1,0 +1,47 @@
+"""Drafters by name: the one table where the engine, the CLI, the server and the benchmarks
+look a drafter's name up.
+
+Each built-in drafter's module has a factory ``_build(DrafterContext) -> Drafter``, private
+to this package; the table below names them. The arrows run one way: the registry imports
+the drafters (on the first look-up, since ``head`` and ``block`` load torch and ``--help``
+should not), and no drafter imports the registry.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from verispec.drafters.base import Drafter, DrafterContext, DrafterError
+
+DrafterFactory = Callable[[DrafterContext], Drafter]
+
+# Negative controls: buildable for benchmarks and tests, left out of the names offered to users.
+CONTROLS = frozenset({"wrong"})
+
+
+@functools.cache
+def _factories() -> dict[str, DrafterFactory]:
+    from verispec.drafters import block, control, head, lookup, model, none
+
+    return {
+        "none": none._build,
+        "lookup": lookup._build,
+        "model": model._build,
+        "head": head._build,
+        "block": block._build,
+        "wrong": control._build,
+    }
+
+
+def drafter_names(*, controls: bool = True) -> list[str]:
+    """The names ``create_drafter`` knows, sorted; ``controls=False`` leaves out the negative controls."""
+    return sorted(name for name in _factories() if controls or name not in CONTROLS)
+
+
+def create_drafter(name: str, context: DrafterContext) -> Drafter:
+    """A new drafter ``name`` for ``context``'s target; ``DrafterError`` for an unknown name."""
+    factory = _factories().get(name)
+    if factory is None:
+        raise DrafterError(f"unknown drafter {name!r}; known: {', '.join(drafter_names())}")
+    return factory(context)
