@@ -7,12 +7,12 @@ engine, models and entry points load torch and transformers when first used.
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "Generation", "SamplingParams", "generate", "load_engine"]
+__all__ = ["Engine", "GenerateOptions", "Generation", "SamplingParams", "generate", "load_engine"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: ``import verispec.accept`` must not pull in torch.
-    if name in ("generate", "load_engine"):
+    if name in ("GenerateOptions", "generate", "load_engine"):
         from verispec import api
 
         return getattr(api, name)

@@ -3,16 +3,22 @@
 import verispec
 result = verispec.generate("Summarise: ...", drafter="lookup", k=4, temperature=0)
 print(result.text, result.stats.tokens_per_round)
+
+options = verispec.GenerateOptions(drafter="lookup", k=4, sampling=verispec.SamplingParams(temperature=0))
+result = verispec.generate("Summarise: ...", options=options)
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from verispec import models
-from verispec.engine import Engine, Generation
+from verispec.engine import DEFAULT_K_MAX, Engine, Generation
 from verispec.models import ModelLoadError
+from verispec.sampling import SamplingParams
 
 WEIGHT_MODES = ("auto", "bf16", "int8", "int4")  # native/formats.WEIGHT_MODES, without importing torch
 
@@ -64,12 +70,12 @@ def load_engine(
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     loaded = models.load(model, dtype=torch_dtype, device=device)
-    target = TorchTarget(loaded.model, name=loaded.source.name, eos_token_ids=eos_ids(loaded), exact=exact)
+    target = TorchTarget(loaded.model, name=loaded.source.name, eos_token_ids=loaded.eos_ids, exact=exact)
     options: dict[str, Any] = {"drafter_weights": drafter_weights} if drafter_weights else {}
     if draft_model is not None:
         draft = models.load(draft_model, dtype=torch_dtype, device=device)
         options["draft_target"] = TorchTarget(
-            draft.model, name=draft.source.name, eos_token_ids=eos_ids(draft), exact=exact
+            draft.model, name=draft.source.name, eos_token_ids=draft.eos_ids, exact=exact
         )
         options["draft_tokenizer"] = draft.tokenizer
     return Engine(
@@ -166,23 +172,71 @@ def _load_llamacpp(
     )
 
 
-def eos_ids(loaded: models.LoadedModel) -> list[int]:
-    ids: set[int] = set()
-    for source in (getattr(loaded.model, "generation_config", None), loaded.model.config, loaded.tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is not None:
-            ids.update(value if isinstance(value, (list, tuple)) else [value])
-    return sorted(int(v) for v in ids)
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Everything ``generate`` may be told besides the prompt and the model.
+
+    Loading (as in ``load_engine``; one engine is kept per model and distinct set of these):
+    backend, weights, dtype, device, draft_model, exact, drafter_weights.
+    The request (as in ``Engine.stream``): drafter (a registered name), k (drafts per round,
+    or "auto" for the governor), k_max (the most "auto" may choose), chat (None: the
+    tokenizer's chat template for text prompts where it has one), sampling (temperature,
+    top_k, ..., max_tokens, stop: see ``SamplingParams``).
+    """
+
+    backend: str = "auto"
+    weights: str = "auto"
+    dtype: str | None = None
+    device: str | None = None
+    draft_model: str | None = None
+    exact: bool | None = None
+    drafter_weights: str | None = None
+    drafter: str = "lookup"
+    k: int | str = 4
+    k_max: int = DEFAULT_K_MAX
+    chat: bool | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    LOAD_FIELDS: ClassVar[tuple[str, ...]] = (
+        "backend",
+        "weights",
+        "dtype",
+        "device",
+        "draft_model",
+        "exact",
+        "drafter_weights",
+    )
+
+    def with_keywords(self, **keywords: Any) -> GenerateOptions:
+        """These options with ``keywords`` replacing fields: a field of this class, or a
+        ``SamplingParams`` field, which replaces that field of ``sampling``."""
+        own = {f.name for f in dataclasses.fields(self)}
+        sampling = {key: keywords.pop(key) for key in list(keywords) if key not in own}
+        try:
+            params = dataclasses.replace(self.sampling, **sampling) if sampling else self.sampling
+        except TypeError:
+            known = sorted(own | {f.name for f in dataclasses.fields(SamplingParams)})
+            raise TypeError(f"generate() got unknown options {sorted(sampling)}; known: {', '.join(known)}") from None
+        return dataclasses.replace(self, **keywords, sampling=params)
+
+    def load_options(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.LOAD_FIELDS}
 
 
 _ENGINES: dict[tuple[Any, ...], Engine] = {}
 
 
-def generate(prompt: Any, model: str | None = None, drafter: str = "lookup", k: int = 4, **options: Any) -> Generation:
-    """Generate with a cached engine for ``model``; sampling options as in ``SamplingParams``."""
-    load_keys = ("backend", "dtype", "device", "draft_model", "exact", "drafter_weights", "weights")
-    load_options = {key: options.pop(key) for key in load_keys if key in options}
-    key = (model, *(load_options.get(k_) for k_ in load_keys))
+def generate(
+    prompt: Any, model: str | None = None, *, options: GenerateOptions | None = None, **keywords: Any
+) -> Generation:
+    """Generate with an engine for ``model`` (None: the embedded default), loaded on the first
+    call and kept. ``options``: a ``GenerateOptions``; ``keywords`` (its fields, or sampling
+    fields such as ``temperature``) replace fields of ``options`` (default: the defaults)."""
+    options = (options or GenerateOptions()).with_keywords(**keywords)
+    load = options.load_options()
+    key = (model, *load.values())
     if key not in _ENGINES:
-        _ENGINES[key] = load_engine(model, **load_options)
-    return _ENGINES[key].generate(prompt, drafter=drafter, k=k, **options)
+        _ENGINES[key] = load_engine(model, **load)
+    return _ENGINES[key].generate(
+        prompt, drafter=options.drafter, k=options.k, k_max=options.k_max, chat=options.chat, params=options.sampling
+    )

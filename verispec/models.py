@@ -57,6 +57,17 @@ class LoadedModel:
     def has_chat_template(self) -> bool:
         return getattr(self.tokenizer, "chat_template", None) is not None
 
+    @property
+    def eos_ids(self) -> list[int]:
+        """Ids that end a sequence, sorted: those of the model's generation config, its config
+        and its tokenizer together (an int or a list in each)."""
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if value is not None:
+                ids.update(value if isinstance(value, (list, tuple)) else [value])
+        return sorted(int(v) for v in ids)
+
 
 def embedded_gguf_path() -> Path:
     """Path of the embedded default's GGUF file inside the installed package."""

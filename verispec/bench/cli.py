@@ -119,13 +119,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return engines[key]
 
     def stock_model_for(dtype: str | None) -> tuple[Any, list[int]]:
-        from verispec.api import eos_ids
         from verispec.targets.torch_target import default_device, parse_dtype
 
         if dtype not in stock:
             device = args.device or default_device()
             loaded = models.load(args.model, dtype=parse_dtype(dtype or args.dtype, device), device=device)
-            stock[dtype] = (loaded.model, eos_ids(loaded))
+            stock[dtype] = (loaded.model, loaded.eos_ids)
         return stock[dtype]
 
     source = models.resolve(args.model)

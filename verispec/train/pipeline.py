@@ -89,7 +89,6 @@ def train_drafter(
     """Train a ``kind`` drafter for the target ``target_spec`` into ``out``; returns a summary.
     ``data_only``: stop once the training set and its hidden states are cached."""
     from verispec import models
-    from verispec.api import eos_ids
     from verispec.cache import cache_root
     from verispec.targets.torch_target import TorchTarget, parse_dtype
 
@@ -105,7 +104,7 @@ def train_drafter(
     device = "cpu"  # drafters train on the CPU; the target runs beside them
     loaded = models.load(target_spec, dtype=parse_dtype(dtype, device), device=device)
     model, tokenizer = loaded.model, loaded.tokenizer
-    target = TorchTarget(model, name=loaded.source.name, eos_token_ids=eos_ids(loaded), exact=False)
+    target = TorchTarget(model, name=loaded.source.name, eos_token_ids=loaded.eos_ids, exact=False)
     identity = weights.target_identity(target)
     fingerprint = identity["weights_sha256"]
     data_dir = data_dir or cache_root() / "train-data" / fingerprint[:16]
