@@ -17,36 +17,25 @@ reports exactly that row as q; one-hot at T = 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from verispec.drafters import weights
-from verispec.drafters.base import (
-    DEFAULT_MIN_CONFIDENCE,
-    NO_DRAFT,
-    Draft,
-    DrafterContext,
-    DrafterError,
-    check_confidence,
-)
-from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget
-from verispec.sampling import SamplingParams
-from verispec.targets.base import HiddenCapture
+from verispec.drafters import trained
+from verispec.drafters.base import DrafterContext, DrafterError
+from verispec.drafters.layers import DecoderLayer, RMSNorm
 
 KIND = "block"
 
 
 @dataclass(frozen=True)
-class BlockConfig:
+class BlockConfig(trained.NetConfig):
     """Shape of a block drafter. hidden: the target's hidden size; target_layers: the target
     hidden-state indices read (0 = embeddings, the number of layers = the final state)."""
 
+    kind = KIND
     hidden: int
     target_layers: tuple[int, ...]
     draft_vocab: int
@@ -64,12 +53,9 @@ class BlockConfig:
         if self.block_size < 2:
             raise DrafterError(f"block_size must be >= 2 (the anchor and one mask), got {self.block_size}")
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> BlockConfig:
-        try:
-            return cls(**values)
-        except TypeError as error:
-            raise DrafterError(f"bad block config {values}: {error}") from error
+    @property
+    def layers_read(self) -> tuple[int, ...]:
+        return self.target_layers
 
 
 def _layer(module: nn.Module) -> DecoderLayer:
@@ -86,22 +72,16 @@ def evenly_spaced_layers(num_layers: int, count: int) -> tuple[int, ...]:
     return tuple(sorted({round(1 + i * (num_layers - 1) / (count - 1)) for i in range(count)}))
 
 
-class BlockNet(nn.Module):
+class BlockNet(trained.TrainedNet[BlockConfig]):
     """The trainable part; see the module docstring for the shapes."""
 
-    def __init__(self, config: BlockConfig, vocab_ids: torch.Tensor) -> None:
-        super().__init__()
-        self.config = config
-        dim = config.hidden
-        self.ctx_proj = nn.Linear(len(config.target_layers) * dim, dim, bias=False)
+    config_class = BlockConfig
+
+    def _add_inputs(self) -> None:
+        dim = self.config.hidden
+        self.ctx_proj = nn.Linear(len(self.config.target_layers) * dim, dim, bias=False)
         self.ctx_norm = RMSNorm(dim)
         self.mask_embedding = nn.Parameter(torch.randn(dim) * 0.02)
-        self.layers = nn.ModuleList(
-            DecoderLayer(dim, config.heads, config.kv_heads, config.head_dim, config.intermediate, config.rope_theta)
-            for _ in range(config.layers)
-        )
-        self.out_norm = RMSNorm(dim)
-        self.register_buffer("vocab_ids", vocab_ids.to(torch.long))
 
     def context_keys(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """features (..., C, F) target states -> per layer (keys, values) (..., C, G, d)."""
@@ -135,83 +115,27 @@ class BlockNet(nn.Module):
             x, _, _ = layer(x, positions, [(keys.unsqueeze(-4), values.unsqueeze(-4), visible)], None)
         return x[..., 1:, :]
 
-    def logits_input(self, outputs: torch.Tensor) -> torch.Tensor:
-        return self.out_norm(outputs)
 
-
-class BlockDrafter:
+class BlockDrafter(trained.TrainedDrafter[BlockNet]):
     """The Drafter: keeps per-layer context keys of the last ``window`` committed positions."""
 
     name = KIND
-    pure_proposals = False
-
-    def __init__(
-        self, net: BlockNet, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
-    ) -> None:
-        self.min_confidence = check_confidence(min_confidence)
-        self.net = net.eval()
-        self.shared = shared
-        self.target = target
-        config = net.config
-        self.hidden_capture = HiddenCapture(config.target_layers, prefill_rows=config.window)
-        self.prompt: list[int] = []
-        self.params = SamplingParams()
-        self.reset()
+    net_class = BlockNet
 
     def reset(self) -> None:
-        self.known = 0  # committed positions whose target states have been read
+        super().reset()
         self.context: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.context_positions = torch.zeros(0, dtype=torch.long)
 
-    @torch.inference_mode()
-    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        self.reset()
-        self.prompt, self.params = list(prompt_ids), params
-        rows = min(len(prompt_ids) - 1, self.net.config.window)  # prefill ran over all but the pending token
-        self._add(self._captured(rows, first=False), len(prompt_ids) - 1 - rows)
-        self.known = len(prompt_ids) - 1
-
-    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
-        n = len(context) - 1  # the anchor's position
-        k = min(k, self.net.config.block_size - 1)
-        if k <= 0 or self.known < 1 or self.known != n:
-            return NO_DRAFT
-        with torch.inference_mode():
-            outputs = self.net(
-                self.shared.embed(torch.tensor([context[n]])),
-                torch.tensor([n]),
-                self.context,
-                self.context_positions,
-            )[0, :k]  # (k, D): one pass, every slot at once
-            hidden = self.net.logits_input(outputs)
-        output_ids = list(context[len(self.prompt) :])
-        tokens: list[int] = []
-        rows = []
-        for slot in hidden:
-            drawn = self.shared.draw(
-                slot, self.params, self.prompt, output_ids + tokens, float(rng.random()), self.min_confidence
-            )
-            if drawn is None:
-                break  # unsure: stop drafting here
-            token, row = drawn  # drawn from exactly the row reported
-            tokens.append(token)
-            rows.append(row)
-        return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
-
-    @torch.inference_mode()
-    def observe(self, context: Sequence[int], accepted: int) -> None:
-        fresh = len(context) - 1 - self.known
-        if fresh > 0:  # rows 0..accepted of the last verify: the newly committed positions
-            self._add(self._captured(fresh, first=True), self.known)
-            self.known += fresh
-
-    def _captured(self, rows: int, first: bool) -> torch.Tensor:
-        hidden = self.target.last_hidden
-        if hidden is None or hidden.shape[0] < rows:
-            got = 0 if hidden is None else hidden.shape[0]
-            raise RuntimeError(f"the block drafter needs {rows} hidden-state rows from the target, got {got}")
-        part = hidden[:rows] if first else hidden[hidden.shape[0] - rows :]
-        return part.to(torch.float32)
+    def _positions(self, context: Sequence[int], n: int, k: int, tokens: list[int]) -> Iterator[torch.Tensor]:
+        # n is the anchor's position; one pass fills every slot at once, at most block_size - 1.
+        outputs = self.net(
+            self.shared.embed(torch.tensor([context[n]])),
+            torch.tensor([n]),
+            self.context,
+            self.context_positions,
+        )[0, :k]  # (k, D)
+        yield from self.net.logits_input(outputs)
 
     def _add(self, features: torch.Tensor, first_position: int) -> None:
         if features.shape[0] == 0:
@@ -229,18 +153,8 @@ class BlockDrafter:
         self.context_positions = positions[-window:]
 
 
-def build(target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> BlockDrafter:
-    """A block drafter for ``target`` from a weights directory (checked against the target)."""
-    net, shared = weights.load_net(
-        directory,
-        KIND,
-        target,
-        lambda config, vocab_ids: BlockNet(BlockConfig.from_dict(config), vocab_ids),
-        lambda net: net.config.target_layers,
-    )
-    return BlockDrafter(net, shared, target, min_confidence)
+build = BlockDrafter.load  # a block drafter for a target from a weights directory
 
 
 def _build(context: DrafterContext) -> BlockDrafter:
-    directory = weights.weights_dir(context.option("drafter_weights"), KIND)
-    return build(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))
+    return BlockDrafter.from_context(context)

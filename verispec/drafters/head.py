@@ -15,36 +15,25 @@ pipeline, position's own history) and reports exactly that row as q; one-hot at 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from verispec.drafters import weights
-from verispec.drafters.base import (
-    DEFAULT_MIN_CONFIDENCE,
-    NO_DRAFT,
-    Draft,
-    DrafterContext,
-    DrafterError,
-    check_confidence,
-)
-from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget, window_mask
-from verispec.sampling import SamplingParams
-from verispec.targets.base import HiddenCapture
+from verispec.drafters import trained
+from verispec.drafters.base import DrafterContext
+from verispec.drafters.layers import RMSNorm, window_mask
 
 KIND = "head"
 
 
 @dataclass(frozen=True)
-class HeadConfig:
+class HeadConfig(trained.NetConfig):
     """Shape of a head. hidden: the target's hidden size; feature_layer: the target
     hidden-state index read (its number of layers = the final normed state)."""
 
+    kind = KIND
     hidden: int
     feature_layer: int
     draft_vocab: int
@@ -56,30 +45,21 @@ class HeadConfig:
     window: int = 64
     rope_theta: float = 10000.0
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> HeadConfig:
-        try:
-            return cls(**values)
-        except TypeError as error:
-            raise DrafterError(f"bad head config {values}: {error}") from error
+    @property
+    def layers_read(self) -> tuple[int, ...]:
+        return (self.feature_layer,)
 
 
-class HeadNet(nn.Module):
+class HeadNet(trained.TrainedNet[HeadConfig]):
     """The trainable part. Shapes: features, embeds (..., T, D) -> outputs g (..., T, D)."""
 
-    def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor) -> None:
-        super().__init__()
-        self.config = config
-        dim = config.hidden
+    config_class = HeadConfig
+
+    def _add_inputs(self) -> None:
+        dim = self.config.hidden
         self.feature_norm = RMSNorm(dim)
         self.embed_norm = RMSNorm(dim)
         self.fuse = nn.Linear(2 * dim, dim, bias=False)
-        self.layers = nn.ModuleList(
-            DecoderLayer(dim, config.heads, config.kv_heads, config.head_dim, config.intermediate, config.rope_theta)
-            for _ in range(config.layers)
-        )
-        self.out_norm = RMSNorm(dim)
-        self.register_buffer("vocab_ids", vocab_ids.to(torch.long))
 
     def forward(
         self,
@@ -107,95 +87,37 @@ class HeadNet(nn.Module):
             new.append((keys, values))
         return x, new
 
-    def logits_input(self, outputs: torch.Tensor) -> torch.Tensor:
-        """What the shared LM head reads: the outputs, normed."""
-        return self.out_norm(outputs)
 
-
-class HeadDrafter:
+class HeadDrafter(trained.TrainedDrafter[HeadNet]):
     """The Drafter: keeps the target's features and its own keys for committed positions."""
 
     name = KIND
-    pure_proposals = False
-
-    def __init__(
-        self, net: HeadNet, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
-    ) -> None:
-        self.net = net.eval()
-        self.min_confidence = check_confidence(min_confidence)
-        self.shared = shared
-        self.target = target
-        config = net.config
-        self.hidden_capture = HiddenCapture((config.feature_layer,), prefill_rows=config.window)
-        self.prompt: list[int] = []
-        self.params = SamplingParams()
-        self.reset()
+    net_class = HeadNet
 
     def reset(self) -> None:
+        super().reset()
         self.features = torch.zeros(0, self.net.config.hidden)  # target features, positions [feature_start, known)
         self.feature_start = 0
-        self.known = 0
         # Per layer (keys, values) of the head at cache_positions, those up to committed_cache from
         # target features; drafted positions are appended during propose and cut in observe.
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cache_positions = torch.zeros(0, dtype=torch.long)
         self.committed_cache = 0
 
-    @torch.inference_mode()
-    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        self.reset()
-        self.prompt, self.params = list(prompt_ids), params
-        self.known = len(prompt_ids) - 1  # prefill ran over all but the pending token
-        rows = min(self.known, self.net.config.window)
-        self._add_features(self._captured(rows), self.known - rows)
+    def _positions(self, context: Sequence[int], n: int, k: int, tokens: list[int]) -> Iterator[torch.Tensor]:
+        self._cut(self.committed_cache)  # a propose without observe in between drafts afresh
+        outputs = self._catch_up(context, n)
+        for i in range(k):
+            yield self.net.logits_input(outputs)[0]
+            if i + 1 < k:  # the head's own output stands in for the target's feature
+                outputs = self._run(outputs, self.shared.embed(torch.tensor([tokens[-1]])), torch.tensor([n + 1 + i]))
 
-    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
-        n = len(context) - 1  # position of the last committed token (the pending one)
-        if k <= 0 or self.known < 1 or self.known != n:
-            return NO_DRAFT  # no target feature yet (a one-token prompt's first round)
-        with torch.inference_mode():
-            self._cut(self.committed_cache)  # a propose without observe in between drafts afresh
-            outputs = self._catch_up(context, n)
-            output_ids = list(context[len(self.prompt) :])
-            tokens: list[int] = []
-            rows = []
-            for i in range(k):
-                drawn = self.shared.draw(
-                    self.net.logits_input(outputs)[0],
-                    self.params,
-                    self.prompt,
-                    output_ids + tokens,
-                    float(rng.random()),
-                    self.min_confidence,
-                )
-                if drawn is None:
-                    break  # unsure: stop drafting here
-                token, row = drawn  # drawn from exactly the row reported
-                tokens.append(token)
-                rows.append(row)
-                if i + 1 < k:  # the head's own output stands in for the target's feature
-                    outputs = self._run(outputs, self.shared.embed(torch.tensor([token])), torch.tensor([n + 1 + i]))
-        return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
-
-    @torch.inference_mode()
-    def observe(self, context: Sequence[int], accepted: int) -> None:
+    def _drop_drafts(self) -> None:
         self._cut(self.committed_cache)  # drafted positions leave; accepted ones are redone from h
-        fresh = len(context) - 1 - self.known
-        if fresh > 0:  # rows 0..accepted of the last verify: the newly committed positions
-            self._add_features(self._captured(fresh, first=True), self.known)
-            self.known += fresh
 
     # --- internals -------------------------------------------------------------------
 
-    def _captured(self, rows: int, first: bool = False) -> torch.Tensor:
-        hidden = self.target.last_hidden
-        if hidden is None or hidden.shape[0] < rows:
-            got = 0 if hidden is None else hidden.shape[0]
-            raise RuntimeError(f"the head drafter needs {rows} hidden-state rows from the target, got {got}")
-        part = hidden[:rows] if first else hidden[hidden.shape[0] - rows :]
-        return part.to(torch.float32)
-
-    def _add_features(self, rows: torch.Tensor, first_position: int) -> None:
+    def _add(self, rows: torch.Tensor, first_position: int) -> None:
         """Append the target features of positions first_position .. first_position + len - 1."""
         if self.features.shape[0] == 0:
             self.feature_start = first_position
@@ -246,18 +168,8 @@ class HeadDrafter:
         self.cache_positions = self.cache_positions[:length]
 
 
-def build(target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONFIDENCE) -> HeadDrafter:
-    """A head drafter for ``target`` from a weights directory (checked against the target)."""
-    net, shared = weights.load_net(
-        directory,
-        KIND,
-        target,
-        lambda config, vocab_ids: HeadNet(HeadConfig.from_dict(config), vocab_ids),
-        lambda net: [net.config.feature_layer],
-    )
-    return HeadDrafter(net, shared, target, min_confidence)
+build = HeadDrafter.load  # a head drafter for a target from a weights directory
 
 
 def _build(context: DrafterContext) -> HeadDrafter:
-    directory = weights.weights_dir(context.option("drafter_weights"), KIND)
-    return build(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))
+    return HeadDrafter.from_context(context)

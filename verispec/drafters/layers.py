@@ -134,6 +134,9 @@ def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, wind
     return (back >= 0) & (back < window)
 
 
+IGNORED = -100  # the training label of a prediction no loss counts (cross_entropy's ignore_index)
+
+
 class SharedTarget:
     """The target's frozen token embeddings and the draft vocabulary's rows of its LM head.
 
@@ -148,8 +151,8 @@ class SharedTarget:
         self.vocab_size = int(lm_head.shape[0])
         self.head = lm_head.detach().cpu()[self.vocab_ids].to(torch.float32)
         self.head_bf16 = self.head.to(torch.bfloat16)  # drafting's copy (``distribution``)
-        # For training: the draft-vocabulary index of each token id, -100 (ignored) outside it.
-        self.label_index = torch.full((self.vocab_size,), -100, dtype=torch.long)
+        # For training: the draft-vocabulary index of each token id, IGNORED outside it.
+        self.label_index = torch.full((self.vocab_size,), IGNORED, dtype=torch.long)
         self.label_index[self.vocab_ids] = torch.arange(len(self.vocab_ids))
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ context before the first of them (C = window + span - 1 context positions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -21,7 +22,8 @@ from torch import nn
 
 from verispec.drafters.block import BlockNet
 from verispec.drafters.head import HeadNet
-from verispec.drafters.layers import SharedTarget
+from verispec.drafters.layers import IGNORED, SharedTarget
+from verispec.drafters.trained import TrainedNet
 from verispec.train.data import Corpus
 
 HEAD_STEP_DECAY = 0.7  # weight of unrolled step u is HEAD_STEP_DECAY ** (u - 1)
@@ -63,15 +65,49 @@ class _Sampler:
 
 
 def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean CE; labels -100 are ignored. logits (..., N), labels and weights (...)."""
+    """Weighted mean CE; labels IGNORED are ignored. logits (..., N), labels and weights (...)."""
     losses = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="none"
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORED, reduction="none"
     )
-    mask = (labels.reshape(-1) != -100).to(losses.dtype) * weights.reshape(-1)
+    mask = (labels.reshape(-1) != IGNORED).to(losses.dtype) * weights.reshape(-1)
     return (losses * mask).sum() / mask.sum().clamp_min(1e-6)
 
 
-class HeadObjective:
+Net = TypeVar("Net", bound=TrainedNet[Any])
+
+
+class _Objective(Generic[Net]):
+    """What both objectives share: the net, the target's shared parts, a corpus with hidden
+    states, and ``items`` items of ``span`` positions a step drawn by a ``_Sampler``."""
+
+    def __init__(
+        self,
+        net: Net,
+        shared: SharedTarget,
+        corpus: Corpus,
+        items: int,
+        span: int,
+        seed: int,
+        use: torch.Tensor | None,
+    ) -> None:
+        if corpus.hidden is None:
+            raise ValueError("the corpus has no hidden states")
+        self.net, self.shared, self.corpus = net, shared, corpus
+        self.items, self.span = items, span
+        self.sampler = _Sampler(corpus, span, seed, use)
+
+    def _hidden(self) -> torch.Tensor:
+        """The corpus's hidden states (P, F), one row a position."""
+        assert self.corpus.hidden is not None
+        return self.corpus.hidden
+
+    def _labels(self, positions: torch.Tensor, usable: torch.Tensor) -> torch.Tensor:
+        """The draft-vocabulary labels of the tokens at ``positions``, IGNORED where not ``usable``."""
+        labels = self.shared.label_index[self.corpus.tokens[positions]]
+        return torch.where(usable, labels, torch.full_like(labels, IGNORED))
+
+
+class HeadObjective(_Objective[HeadNet]):
     """Teacher-forced head with ``unroll`` steps of feeding its own outputs back."""
 
     def __init__(
@@ -85,28 +121,23 @@ class HeadObjective:
         seed: int,
         use: torch.Tensor | None = None,
     ) -> None:
-        if corpus.hidden is None:
-            raise ValueError("the corpus has no hidden states")
-        self.net, self.shared, self.corpus = net, shared, corpus
         # Chunks at least as long as the attention window: drafting attends that far back,
         # so training must have shown the head such distances.
-        self.items, self.span, self.unroll = items, max(span, net.config.window), max(1, unroll)
-        self.sampler = _Sampler(corpus, self.span, seed, use)
+        super().__init__(net, shared, corpus, items, max(span, net.config.window), seed, use)
+        self.unroll = max(1, unroll)
 
     def step(self, step: int) -> StepResult:
         corpus = self.corpus
-        assert corpus.hidden is not None
         first, sequence = self.sampler.starts(step, self.items)
         end = corpus.starts[sequence] + corpus.lengths[sequence]  # (N,) one past the last position
         positions = first.unsqueeze(1) + torch.arange(self.span)  # (N, T) global
         valid = positions <= (end - 2).unsqueeze(1)  # a label x_{t+1} exists
         safe = torch.where(valid, positions, first.unsqueeze(1))
-        features = corpus.hidden[safe - 1].to(torch.float32)  # h_{t-1}
+        features = self._hidden()[safe - 1].to(torch.float32)  # h_{t-1}
         embeds = self.shared.embed(corpus.tokens[safe])
         local = safe - corpus.starts[sequence].unsqueeze(1)
         in_response = local + 1 >= corpus.prompt_lengths[sequence].unsqueeze(1)
-        labels = self.shared.label_index[corpus.tokens[safe + 1]]
-        labels = torch.where(valid & in_response, labels, torch.full_like(labels, -100))
+        labels = self._labels(safe + 1, valid & in_response)
         total = torch.zeros(())
         weight_sum = 0.0
         accuracy = 0.0
@@ -125,7 +156,7 @@ class HeadObjective:
         return StepResult(total / weight_sum, accuracy)
 
 
-class BlockObjective:
+class BlockObjective(_Objective[BlockNet]):
     """Each anchor's block of mask slots predicts the tokens after it, in one pass."""
 
     def __init__(
@@ -138,17 +169,12 @@ class BlockObjective:
         seed: int,
         use: torch.Tensor | None = None,
     ) -> None:
-        if corpus.hidden is None:
-            raise ValueError("the corpus has no hidden states")
-        self.net, self.shared, self.corpus = net, shared, corpus
-        self.items, self.span = items, span
-        self.sampler = _Sampler(corpus, span, seed, use)
+        super().__init__(net, shared, corpus, items, span, seed, use)
         slots = net.config.block_size - 1
         self.slot_weights = BLOCK_SLOT_DECAY ** torch.arange(slots, dtype=torch.float32)
 
     def step(self, step: int) -> StepResult:
         corpus = self.corpus
-        assert corpus.hidden is not None
         window, size = self.net.config.window, self.net.config.block_size
         first, sequence = self.sampler.starts(step, self.items)
         start = corpus.starts[sequence].unsqueeze(1)
@@ -156,7 +182,7 @@ class BlockObjective:
         # Context positions [first - window, first + span - 1); anchors [first, first + span).
         context_positions = first.unsqueeze(1) - window + torch.arange(window + self.span - 1)
         context_valid = (context_positions >= start) & (context_positions < end)
-        context_features = corpus.hidden[context_positions.clamp(0, len(corpus.tokens) - 1)].to(torch.float32)
+        context_features = self._hidden()[context_positions.clamp(0, len(corpus.tokens) - 1)].to(torch.float32)
         anchors = first.unsqueeze(1) + torch.arange(self.span)  # (N, A)
         anchor_valid = anchors <= end - 2
         safe_anchors = torch.where(anchor_valid, anchors, first.unsqueeze(1))
@@ -171,15 +197,14 @@ class BlockObjective:
         targets = safe_anchors.unsqueeze(-1) + torch.arange(1, size)  # (N, A, B - 1) positions predicted
         prompt_end = (start + corpus.prompt_lengths[sequence].unsqueeze(1)).unsqueeze(-1)
         usable = (targets < end.unsqueeze(-1)) & (targets >= prompt_end) & anchor_valid.unsqueeze(-1)
-        labels = self.shared.label_index[corpus.tokens[targets.clamp_max(len(corpus.tokens) - 1)]]
-        labels = torch.where(usable, labels, torch.full_like(labels, -100))
+        labels = self._labels(targets.clamp_max(len(corpus.tokens) - 1), usable)
         logits = self.shared.logits(self.net.logits_input(outputs))
         loss = _cross_entropy(logits, labels, self.slot_weights.expand_as(labels))
         return StepResult(loss, _accuracy(logits[..., 0, :], labels[..., 0]))
 
 
 def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    counted = labels != -100
+    counted = labels != IGNORED
     if not bool(counted.any()):
         return 0.0
     return float((logits.argmax(-1)[counted] == labels[counted]).float().mean())

@@ -1,0 +1,218 @@
+"""What the two trained drafters (``head``, ``block``) share: config parsing, the decoder
+stack under each net's own input parts, loading from a weights directory, and the drafting
+side (reading the target's hidden states, ``begin`` and ``observe``, the propose-and-draw loop).
+
+Terms: a trained drafter reads the target's hidden states at committed positions, which the
+target keeps from its own passes (``hidden_capture``); ``known`` counts the committed
+positions whose states the drafter has read: after prefill and after each verify, every
+position but the pending last token. A draft position is one token to propose; the drafter
+computes its hidden vector (D,), which the target's LM head, restricted to the draft
+vocabulary, turns into the row q the token is drawn from (``SharedTarget.draw``).
+
+What differs stays in the drafters' modules: what a net reads and how it runs
+(``_positions``: the hidden vectors of the draft positions, in order), and what state it
+keeps of the committed positions (``_add``, ``reset``, ``_drop_drafts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from verispec.drafters import weights
+from verispec.drafters.base import (
+    DEFAULT_MIN_CONFIDENCE,
+    NO_DRAFT,
+    Draft,
+    DrafterContext,
+    DrafterError,
+    check_confidence,
+)
+from verispec.drafters.layers import DecoderLayer, RMSNorm, SharedTarget
+from verispec.sampling import SamplingParams
+from verispec.targets.base import HiddenCapture
+
+Config = TypeVar("Config", bound="NetConfig")
+
+
+class NetConfig:
+    """Base of the frozen dataclasses that shape a trained net (``HeadConfig``, ``BlockConfig``).
+
+    Each declares the fields below (hidden: the target's hidden size D; window: how many
+    positions back the drafter reads) and ``layers_read``, the target hidden-state indices it
+    reads (0 = embeddings, the number of layers = the final normed state). The fields are
+    the subclasses' own, so their order in ``config.json`` stays as each declares it.
+    """
+
+    kind: ClassVar[str]  # the drafter's registered name, for error messages
+    hidden: int
+    draft_vocab: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    window: int
+    rope_theta: float
+
+    @property
+    def layers_read(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls: type[Config], values: dict[str, Any]) -> Config:
+        """The config a ``config.json`` "net" section describes; a DrafterError if it does not fit."""
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise DrafterError(f"bad {cls.kind} config {values}: {error}") from error
+
+
+class TrainedNet(nn.Module, Generic[Config]):
+    """The trainable part of a trained drafter: each net's own input parts, then ``layers``
+    decoder layers, an output norm, and the draft vocabulary ``vocab_ids`` (N,) as a buffer.
+    A subclass names the class of its config (``config_class``) and adds its input parts
+    (``_add_inputs``)."""
+
+    config_class: type[NetConfig]
+
+    def __init__(self, config: Config, vocab_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.config = config
+        # The net's own parts first: parameters are created, and a seeded initialisation
+        # draws them, in this order, so a seeded training run stays reproducible.
+        self._add_inputs()
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                config.hidden, config.heads, config.kv_heads, config.head_dim, config.intermediate, config.rope_theta
+            )
+            for _ in range(config.layers)
+        )
+        self.out_norm = RMSNorm(config.hidden)
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long))
+
+    def _add_inputs(self) -> None:
+        """Register the parts that bring the net's inputs to the decoder layers."""
+        raise NotImplementedError
+
+    def logits_input(self, outputs: torch.Tensor) -> torch.Tensor:
+        """What the shared LM head reads: the outputs (..., D), normed."""
+        return self.out_norm(outputs)
+
+
+Net = TypeVar("Net", bound=TrainedNet[Any])
+Trained = TypeVar("Trained", bound="TrainedDrafter[Any]")
+
+
+class TrainedDrafter(Generic[Net]):
+    """The Drafter part both trained drafters share. A subclass sets ``name`` and the class of
+    its net (``net_class``), supplies ``_positions`` (the draft positions' hidden vectors) and
+    ``_add`` (taking in the target's states of committed positions), and extends ``reset``
+    with its own state."""
+
+    name: str
+    net_class: type[Net]
+    pure_proposals = False  # a draw moves the drafter's own cache
+
+    @classmethod
+    def load(
+        cls: type[Trained], target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONFIDENCE
+    ) -> Trained:
+        """A drafter for ``target`` from a weights directory (checked against the target)."""
+        net_class = cls.net_class
+        net, shared = weights.load_net(
+            directory,
+            cls.name,
+            target,
+            lambda config, vocab_ids: net_class(net_class.config_class.from_dict(config), vocab_ids),
+            lambda net: net.config.layers_read,
+        )
+        return cls(net, shared, target, min_confidence)
+
+    @classmethod
+    def from_context(cls: type[Trained], context: DrafterContext) -> Trained:
+        """The drafter a registry context asks for: weights from its ``drafter_weights`` option
+        (default: the ones shipped for the embedded model), its ``min_confidence`` floor."""
+        directory = weights.weights_dir(context.option("drafter_weights"), cls.name)
+        return cls.load(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))
+
+    def __init__(
+        self, net: Net, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
+    ) -> None:
+        self.net = net.eval()
+        self.min_confidence = check_confidence(min_confidence)
+        self.shared = shared
+        self.target = target
+        config = net.config
+        self.hidden_capture = HiddenCapture(config.layers_read, prefill_rows=config.window)
+        self.prompt: list[int] = []
+        self.params = SamplingParams()
+        self.reset()
+
+    def reset(self) -> None:
+        self.known = 0  # committed positions whose target states have been read
+
+    @torch.inference_mode()
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.reset()
+        self.prompt, self.params = list(prompt_ids), params
+        self.known = len(prompt_ids) - 1  # prefill ran over all but the pending token
+        rows = min(self.known, self.net.config.window)
+        self._add(self._captured(rows), self.known - rows)
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        n = len(context) - 1  # position of the last committed token (the pending one)
+        if k <= 0 or self.known < 1 or self.known != n:
+            return NO_DRAFT  # no target state yet (a one-token prompt's first round)
+        output_ids = list(context[len(self.prompt) :])
+        tokens: list[int] = []
+        rows = []
+        with torch.inference_mode():
+            for hidden in self._positions(context, n, k, tokens):
+                drawn = self.shared.draw(
+                    hidden, self.params, self.prompt, output_ids + tokens, float(rng.random()), self.min_confidence
+                )
+                if drawn is None:
+                    break  # unsure: stop drafting here
+                token, row = drawn  # drawn from exactly the row reported
+                tokens.append(token)
+                rows.append(row)
+        return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
+
+    @torch.inference_mode()
+    def observe(self, context: Sequence[int], accepted: int) -> None:
+        self._drop_drafts()
+        fresh = len(context) - 1 - self.known
+        if fresh > 0:  # rows 0..accepted of the last verify: the newly committed positions
+            self._add(self._captured(fresh, first=True), self.known)
+            self.known += fresh
+
+    # --- what each drafter supplies ----------------------------------------------------
+
+    def _positions(self, context: Sequence[int], n: int, k: int, tokens: list[int]) -> Iterator[torch.Tensor]:
+        """The hidden vectors (D,) of draft positions n + 1, n + 2, ... (at most k), each
+        computed when the previous one's token has been drawn and appended to ``tokens``."""
+        raise NotImplementedError
+
+    def _add(self, states: torch.Tensor, first_position: int) -> None:
+        """Take in the target's states (rows, F) of committed positions from ``first_position``."""
+        raise NotImplementedError
+
+    def _drop_drafts(self) -> None:
+        """Forget what ``propose`` added for drafted positions (default: it keeps nothing)."""
+
+    # --- internals -------------------------------------------------------------------
+
+    def _captured(self, rows: int, first: bool = False) -> torch.Tensor:
+        """The first (or else last) ``rows`` hidden-state rows of the target's last pass, float32."""
+        hidden = self.target.last_hidden
+        if hidden is None or hidden.shape[0] < rows:
+            got = 0 if hidden is None else hidden.shape[0]
+            raise RuntimeError(f"the {self.name} drafter needs {rows} hidden-state rows from the target, got {got}")
+        part = hidden[:rows] if first else hidden[hidden.shape[0] - rows :]
+        return part.to(torch.float32)
