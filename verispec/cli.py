@@ -10,37 +10,9 @@ from typing import Any
 
 from verispec import rounds
 from verispec.cli_args import add_model_options, k_value, model_options
+from verispec.sampling_options import add_sampling_options, sampling_from_args
 
 EXIT_USAGE = 2
-
-
-def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("sampling")
-    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    group.add_argument("--top-k", type=int, default=0)
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--min-p", type=float, default=0.0)
-    group.add_argument("--repetition-penalty", type=float, default=1.0)
-    group.add_argument("--presence-penalty", type=float, default=0.0)
-    group.add_argument("--frequency-penalty", type=float, default=0.0)
-    group.add_argument("--seed", type=int, default=None)
-    group.add_argument("--max-tokens", type=int, default=128)
-    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "presence_penalty": args.presence_penalty,
-        "frequency_penalty": args.frequency_penalty,
-        "seed": args.seed,
-        "max_tokens": args.max_tokens,
-        "stop": tuple(args.stop),
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template")
     gen.add_argument("--compare", action="store_true", help="also decode plainly and report the speed-up")
     add_model_options(gen)
-    _add_sampling_options(gen)
+    add_sampling_options(gen)
     gen.set_defaults(run=run_generate)
 
     from verispec.bench.cli import add_bench_parser
@@ -110,7 +82,7 @@ def run_generate(args: argparse.Namespace) -> int:
     kernels = sys.modules.get("verispec.native.kernels")
     if kernels is not None and kernels.build_seconds is not None:  # once per machine, not in any tok/s
         err.print(f"[dim]compiled the native kernels in {kernels.build_seconds:.0f} s ({kernels.build_dir()})[/dim]")
-    sampling = _sampling_kwargs(args)
+    sampling = sampling_from_args(args)
     options = {"drafter": args.drafter, "k": args.k, "k_max": args.k_max, "chat": args.chat}
     if args.compare:  # warm both paths up so neither pays first-call costs in the timing
         for drafter in (args.drafter, "none"):

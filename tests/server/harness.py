@@ -95,8 +95,10 @@ class ServerProcess:
         )
         self.health_seen: list[int] = []
 
-    def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
-        """Poll /health until 200, recording every status seen (503 while loading)."""
+    def wait_ready(self, timeout: float = 600.0) -> ServerProcess:
+        """Poll /health until 200, recording every status seen (503 while loading). The
+        deadline only bounds a hang (a load that fails ends the process, noticed at once):
+        on a loaded machine a server pinned to one CPU was seen to need over 120 s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

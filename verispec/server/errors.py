@@ -12,8 +12,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verispec.server.schemas import ErrorDetail, ErrorResponse
+
 MAX_MESSAGE_CHARS = 400
 MAX_ECHO_CHARS = 40
+LOADING_RETRY_AFTER = 5  # seconds a client is told to wait while the model loads
 # pydantic error types meaning "the value is not of this type" (a union member that does not apply)
 TYPE_MISMATCHES = frozenset(
     {"string_type", "int_type", "float_type", "bool_type", "list_type", "dict_type", "none_required", "model_type"}
@@ -66,14 +69,26 @@ def truncate(text: str, limit: int = MAX_ECHO_CHARS) -> str:
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": truncate(message, MAX_MESSAGE_CHARS),
-            "type": type,
-            "param": None if param is None else truncate(param, MAX_ECHO_CHARS * 2),
-            "code": code,
-        }
-    }
+    """The ``ErrorResponse`` of ``schemas``, as the dict that goes out."""
+    detail = ErrorDetail(
+        message=truncate(message, MAX_MESSAGE_CHARS),
+        type=type,
+        param=None if param is None else truncate(param, MAX_ECHO_CHARS * 2),
+        code=code,
+    )
+    return ErrorResponse(error=detail).model_dump()
+
+
+def model_loading() -> APIError:
+    """503 with Retry-After, while the model loads."""
+    return APIError(
+        503, "the model is loading", code="model_loading", headers={"Retry-After": str(LOADING_RETRY_AFTER)}
+    )
+
+
+def aborted_by_shutdown() -> APIError:
+    """A request the drain aborted (past --drain-timeout)."""
+    return APIError(503, "the request was aborted: the server is shutting down", code="aborted")
 
 
 def error_bytes(error: APIError) -> bytes:

@@ -14,7 +14,7 @@ from types import FrameType
 
 import uvicorn
 
-from verispec.server.app import ServerState
+from verispec.server.state import ServerState
 
 CANCEL_GRACE_SECONDS = 2.0  # after the drain timeout, how long aborted requests get to wind down
 GRACEFUL_SHUTDOWN_SECONDS = 3  # uvicorn's own wait for connections, once the drain is over

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 MAX_STOP_STRINGS = 16
 MIN_TEMPERATURE = 1e-5  # below it (but above 0), logits / temperature can overflow to inf
@@ -221,11 +221,17 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None
 
 
-class CompletionResponse(BaseModel):
+class _Answer(BaseModel):
+    """What every answer and chunk begins with; ``object`` names its kind (set by each)."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
+
+
+class CompletionResponse(_Answer):
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage
 
@@ -242,13 +248,50 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
+
+
+class CompletionChunk(_Answer):
+    """One server-sent event of a streamed completion; ``usage`` is sent (null until the
+    last chunk) only when the request asked for it with ``stream_options.include_usage``."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    """What a chat chunk adds to the message: fields it does not set are left out, not null."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(_Answer):
+    """One server-sent event of a streamed chat completion (``usage`` as in ``CompletionChunk``)."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
 
 
 class ModelCard(BaseModel):
