@@ -5,8 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from tests.engine.scripted import AlwaysWrongDrafter, ScriptDrafter, WrongThenRightDrafter
+from tests.engine.scripted import ScriptDrafter, WrongThenRightDrafter
 from verispec import rounds
+from verispec.drafters.control import WrongDrafter
+from verispec.engine import Engine
 from verispec.governor import ALWAYS_WRONG_BOUND, FIRST_BACKOFF, MEMORY_EMA, AcceptanceMemory, CostModel, Governor
 
 
@@ -271,16 +273,31 @@ def test_a_stalled_timing_moves_the_costs_a_bounded_step():
     assert model.step_seconds == pytest.approx(1.0 - 0.25 * 0.5)
 
 
+def fresh_engine(engine):
+    """An engine on ``engine``'s target with nothing learned yet: no calibrated costs and no
+    acceptance memory, so its first request with a drafter is the one the bounds speak of."""
+    return Engine(engine.target, engine.tokenizer)
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["shadows", "probes"])
 @pytest.mark.parametrize("prompt", ["the cat sat on the mat. the cat sat", "abc abc abc abc ab"])
-def test_engine_with_an_always_wrong_drafter_is_bounded_and_output_unchanged(tiny_engine, prompt):
+def test_engine_with_an_always_wrong_drafter_is_bounded_and_output_unchanged(tiny_engine, prompt, pure):
+    # The real ``wrong`` control (drafters/control.py), pure as registered (the governor
+    # shadows it) and declared impure (it probes), in an engine's first request with it.
     plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=100)
-    wrong = AlwaysWrongDrafter(tiny_engine.encode(prompt) + plain.token_ids, tiny_engine.target.vocab_size)
-    result = tiny_engine.generate(prompt, drafter=wrong, k="auto", temperature=0, max_tokens=100)
+    engine = fresh_engine(tiny_engine)
+    wrong = engine.drafter("wrong")
+    assert isinstance(wrong, WrongDrafter)
+    wrong.pure_proposals = pure
+    result = engine.generate(prompt, drafter=wrong, k="auto", temperature=0, max_tokens=100)
     assert result.token_ids == plain.token_ids
     drafted = result.stats.rounds - result.stats.plain_rounds
-    assert result.stats.accepted == 0
-    print(f"\n  engine, always-wrong drafter, k=auto: {drafted} drafted rounds in 100 tokens")
+    assert result.stats.accepted == 0 and result.stats.governor_start_acceptance is None
+    print(
+        f"\n  engine, wrong drafter ({'shadows' if pure else 'probes'}), k=auto: {drafted} drafted rounds in 100 tokens"
+    )
     assert drafted <= ALWAYS_WRONG_BOUND
+    assert result.stats.governor_probes == 0 if pure else result.stats.governor_shadow_drafts == 0
     assert sum(result.stats.k_chosen_histogram.values()) == result.stats.rounds
 
 
@@ -303,32 +320,28 @@ def test_engine_shadows_a_pure_drafter_and_resumes_drafting_when_it_turns_right(
     assert probed.governor_shadow_drafts == 0 and probed.governor_probes > 0  # not pure: probed
 
 
-class _RememberedWrongDrafter(AlwaysWrongDrafter):
-    name = "remembered-wrong"  # the engine's memory is per drafter name: this test's own
-
-
 def test_engine_starts_a_request_from_the_drafters_recent_acceptance(tiny_engine):
     prompt = "the cat sat on the mat. the cat sat"
     plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=60)
-    script = tiny_engine.encode(prompt) + plain.token_ids
+    engine = fresh_engine(tiny_engine)  # its memory of the real ``wrong`` drafter starts empty
 
     def run(**sampling):
-        drafter = _RememberedWrongDrafter(script, tiny_engine.target.vocab_size)
-        drafter.pure_proposals = True
-        return tiny_engine.generate(prompt, drafter=drafter, k="auto", max_tokens=60, **sampling)
+        return engine.generate(prompt, drafter="wrong", k="auto", max_tokens=60, **sampling)
 
     first, second = run(temperature=0), run(temperature=0)
     assert first.token_ids == second.token_ids == plain.token_ids
     drafted = [r.stats.rounds - r.stats.plain_rounds for r in (first, second)]
     print(f"\n  known-wrong drafter: drafted rounds {drafted[0]} in the first request, {drafted[1]} in the next")
-    assert first.stats.governor_start_acceptance is None and drafted[0] > 0
+    # The first request starts from the prior (it drafts a few rounds, or none where its
+    # first shadows already find the drafter wrong); the next from the memory: none.
+    assert first.stats.governor_start_acceptance is None and drafted[0] <= ALWAYS_WRONG_BOUND
     assert second.stats.governor_start_acceptance == 0.0 and drafted[1] == 0
     # A reproducible sampled request neither reads the memory nor changes it.
-    learned = tiny_engine._acceptance["remembered-wrong"].requests
+    learned = engine._acceptance["wrong"].requests
     seeded = run(temperature=0.8, seed=3)
     assert seeded.stats.governor_start_acceptance is None
     assert seeded.stats.rounds - seeded.stats.plain_rounds > 0  # from the prior, as always
-    assert tiny_engine._acceptance["remembered-wrong"].requests == learned
+    assert engine._acceptance["wrong"].requests == learned
     assert run(temperature=0).stats.governor_start_acceptance == 0.0
 
 

@@ -76,12 +76,3 @@ class WrongThenRightDrafter(ScriptDrafter):
         n = len(context)
         right = self.script[n : n + k]
         return Draft(tokens=right if n >= self.switch else [(t + 1) % self.vocab_size for t in right])
-
-
-class AlwaysWrongDrafter(WrongThenRightDrafter):
-    """Proposes, at greedy, tokens that differ from the target's own continuation."""
-
-    name = "always-wrong"
-
-    def __init__(self, script, vocab_size: int) -> None:
-        super().__init__(script, vocab_size, switch=len(script) + 1, pure=False)

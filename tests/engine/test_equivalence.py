@@ -26,8 +26,10 @@ def test_greedy_speculative_equals_plain(either_engine, drafter, k):
         assert result.token_ids == plain_output(either_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
         offered += result.stats.offered
         accepted += result.stats.accepted
+    if drafter != "none":  # drafts were offered, also under the governor ("abc abc ..." repeats)
+        assert offered > 0, (offered, accepted)
     if drafter != "none" and k != "auto":  # the comparison exercised both kept and rejected drafts
-        assert offered > 0 and 0 < accepted < offered, (offered, accepted)
+        assert 0 < accepted < offered, (offered, accepted)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])
@@ -42,8 +44,9 @@ def test_greedy_with_trained_drafters_equals_plain(either_engine, tiny_drafters,
         assert result.token_ids == plain_output(either_engine, prompt), f"{kind} k={k} diverged on {prompt!r}"
         offered += result.stats.offered
         accepted += result.stats.accepted
+    assert offered > 0, (offered, accepted)  # drafts were offered, also under the governor
     if k != "auto":
-        assert offered > 0 and 0 < accepted < offered, (offered, accepted)
+        assert 0 < accepted < offered, (offered, accepted)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])

@@ -95,10 +95,13 @@ def test_context_is_enforced(tiny_gguf):
 @pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])
 @pytest.mark.parametrize("drafter", ["lookup", "model"])
 def test_greedy_equivalence(llama_engine, drafter, k):
+    offered = 0
     for text in (TEXT, "abc abc abc abc ab"):
         plain = llama_engine.generate(text, drafter="none", temperature=0, max_tokens=48)
         spec = llama_engine.generate(text, drafter=drafter, k=k, temperature=0, max_tokens=48)
         assert spec.token_ids == plain.token_ids, (drafter, k, text)
+        offered += spec.stats.offered
+    assert offered > 0  # drafts were verified, also under the governor
 
 
 def test_stops_are_exact(llama_engine, tiny_gguf):

@@ -52,6 +52,8 @@ def test_exact_at_long_context(dtype):
     # Verify blocks that straddle 1024 keys: there a reduction over the block's full key
     # count is blocked differently from a single step's (found on the embedded model, bf16).
     target = torch_target(dtype, model={"context": 2048})
+    # one batched pass wherever oneDNN prepacks the dtype (else the exact row-by-row fallback)
+    assert target.batched_verify_exact == batch_invariant.available(dtype)
     prompt = [(31 * i + 7) % tiny.VOCAB for i in range(1019)]
     single = sequential_rows(target, prompt, CONTINUATION)
     target.prefill(prompt)
