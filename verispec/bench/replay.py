@@ -84,8 +84,8 @@ class NoisyTimer:
         return seconds * (1.6 if self._rng.random() < self.stall else 1.0)
 
     def calibrate(self, context: int, k_max: int, repeats: int = 3) -> CostModel:
-        """The engine's calibration: the median of a few timings per size."""
-        timings = {m: float(np.median([self(m - 1, context) for _ in range(repeats)])) for m in range(1, k_max + 2)}
+        """The engine's calibration: the fastest of a few timings per size."""
+        timings = {m: min(self(m - 1, context) for _ in range(repeats)) for m in range(1, k_max + 2)}
         return CostModel.from_timings(timings)
 
 
