@@ -26,10 +26,10 @@ from pathlib import Path
 
 from verispec.api import load_engine
 from verispec.bench import run
-from verispec.bench.replay import Clock, NoisyTimer, Schedule, replay
+from verispec.bench.replay import Clock, NoisyTimer, replay
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
-from verispec.governor import AcceptanceMemory, CostModel
+from verispec.planner import AUTO, Planner
 from verispec.prompts import load_prompts
 
 FIXED = (2, 4, 8)
@@ -50,12 +50,12 @@ def main() -> None:
     clock = Clock(args.per_row, args.per_token)
     texts = {p.question_id: p.text for p in load_prompts()}
     speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    # An engine's governor starts each request from the acceptance of the ones before it
-    # (per drafter); the "no memory" columns start every request from the prior.
-    memories = {name: AcceptanceMemory() for name in ("lookup", "wrong")}
+    # An engine's planner carries each drafter's acceptance memory (and measured costs) from
+    # request to request: one planner per column that does; the "no memory" columns start
+    # every request from the prior with a fresh planner.
+    carried = {"auto": Planner(), "wrong (auto)": Planner()}
     timers = [NoisyTimer(clock, args.noise, seed) for seed in range(args.seeds)] if args.noise is not None else []
-    measured_memories = [{name: AcceptanceMemory() for name in ("lookup", "wrong")} for _ in timers]
-    live: list[dict[str, CostModel | None]] = [{"lookup": None, "wrong": None} for _ in timers]
+    measured = [Planner() for _ in timers]  # per timer, for lookup and wrong alike (keyed by name)
     plain = [r for r in document["records"] if r["config"] == "none" and r.get("repeat", 0) == 0]
     plain.sort(key=lambda r: r["prompt_index"])
     for record in plain:
@@ -64,36 +64,19 @@ def main() -> None:
             raise SystemExit(
                 f"prompt {record['question_id']}: {len(prompt)} tokens, the run had {record['prompt_tokens']}"
             )
-        schedules = {f"k={k}": Schedule.fixed(k) for k in FIXED}
-        schedules["auto"] = Schedule.governed(8, clock, shadow=True, memory=memories["lookup"])
-        schedules["auto, no memory"] = Schedule.governed(8, clock, shadow=True)
-        schedules["auto, probes"] = Schedule.governed(8, clock, shadow=False)
-        wrong = {
-            "wrong (auto)": Schedule.governed(8, clock, shadow=True, memory=memories["wrong"]),
-            "wrong, no memory": Schedule.governed(8, clock, shadow=True),
-        }
-        runs = [(name, schedule, LookupDrafter()) for name, schedule in schedules.items()]
-        runs += [(name, schedule, WrongDrafter(-1)) for name, schedule in wrong.items()]
-        learners = [(memories["lookup"], schedules["auto"]), (memories["wrong"], wrong["wrong (auto)"])]
-        measured = []  # (a timer's live costs, drafter, schedule): the costs the next request starts from
-        for timer, memory, costs in zip(timers, measured_memories, live, strict=True):
-            for drafter_name, column in (("lookup", "auto, measured"), ("wrong", "wrong, measured")):
-                schedule = Schedule.governed(
-                    8, clock, shadow=True, memory=memory[drafter_name], timer=timer, costs=costs[drafter_name]
-                )
-                runs.append((column, schedule, LookupDrafter() if drafter_name == "lookup" else WrongDrafter(-1)))
-                learners.append((memory[drafter_name], schedule))
-                measured.append((costs, drafter_name, schedule))
-        for name, schedule, drafter in runs:
-            speedup = replay(prompt, output, drafter, schedule, clock).speedup(len(output))
+        runs = [(f"k={k}", LookupDrafter(), Planner(), k, None) for k in FIXED]
+        runs += [("auto", LookupDrafter(), carried["auto"], AUTO, None)]
+        runs += [("auto, no memory", LookupDrafter(), Planner(), AUTO, None)]
+        runs += [("auto, probes", LookupDrafter(), Planner(shadows=False), AUTO, None)]
+        runs += [("wrong (auto)", WrongDrafter(-1), carried["wrong (auto)"], AUTO, None)]
+        runs += [("wrong, no memory", WrongDrafter(-1), Planner(), AUTO, None)]
+        for timer, planner in zip(timers, measured, strict=True):
+            runs += [("auto, measured", LookupDrafter(), planner, AUTO, timer)]
+            runs += [("wrong, measured", WrongDrafter(-1), planner, AUTO, timer)]
+        for name, drafter, planner, k, timer in runs:
+            speedup = replay(prompt, output, drafter, planner, clock, k=k, timer=timer).speedup(len(output))
             for group in (record["category"], "overall"):
                 speedups[group][name].append(speedup)
-        for memory, schedule in learners:
-            assert schedule.governor is not None
-            memory.learn(schedule.governor)
-        for costs, drafter_name, schedule in measured:
-            assert schedule.governor is not None
-            costs[drafter_name] = schedule.governor.costs
 
     names = [*(f"k={k}" for k in FIXED), "auto", "auto, no memory", "auto, probes", "wrong (auto)", "wrong, no memory"]
     names += ["auto, measured", "wrong, measured"] if timers else []

@@ -337,11 +337,11 @@ def test_engine_starts_a_request_from_the_drafters_recent_acceptance(tiny_engine
     assert first.stats.governor_start_acceptance is None and drafted[0] <= ALWAYS_WRONG_BOUND
     assert second.stats.governor_start_acceptance == 0.0 and drafted[1] == 0
     # A reproducible sampled request neither reads the memory nor changes it.
-    learned = engine._acceptance["wrong"].requests
+    learned = engine.planner.acceptance["wrong"].requests
     seeded = run(temperature=0.8, seed=3)
     assert seeded.stats.governor_start_acceptance is None
     assert seeded.stats.rounds - seeded.stats.plain_rounds > 0  # from the prior, as always
-    assert engine._acceptance["wrong"].requests == learned
+    assert engine.planner.acceptance["wrong"].requests == learned
     assert run(temperature=0).stats.governor_start_acceptance == 0.0
 
 
@@ -374,7 +374,7 @@ def test_a_stall_during_calibration_does_not_price_drafting_out(tiny_engine, mon
     monkeypatch.setattr(tiny_engine.target, "verify", stalling)
     drafter = _StalledCalibrationDrafter(tiny_engine.encode(prompt) + plain.token_ids)
     result = tiny_engine.generate(prompt, drafter=drafter, k="auto", temperature=0.7, seed=1, max_tokens=30)
-    costs = tiny_engine._calibrated_costs["stalled-calibration"]
+    costs = tiny_engine.planner.calibrated["stalled-calibration"]
     assert seen.count(2) >= 3  # the stalls did happen, in the calibration
     assert costs.verify(2) < 0.05  # ... and were not taken as the cost of 2 rows
     assert result.stats.offered > 0

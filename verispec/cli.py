@@ -6,11 +6,13 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from verispec import rounds
 from verispec.cli_args import add_model_options, k_value, model_options
 from verispec.sampling_options import add_sampling_options, sampling_from_args
+
+if TYPE_CHECKING:
+    from verispec.stats import RequestStats
 
 EXIT_USAGE = 2
 
@@ -42,10 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def summary_line(stats: Any) -> str:
+def summary_line(stats: RequestStats) -> str:
     """One line of the request's statistics, the terms of design.md."""
     per_position = " ".join(f"{a:.2f}" for a in stats.per_position_acceptance) or "-"
-    cost = stats.cost_steps
     parts = [
         f"tokens {stats.tokens}",
         f"{stats.tokens_per_second:.1f} tok/s",
@@ -56,9 +57,8 @@ def summary_line(stats: Any) -> str:
         f"rounds {stats.rounds} (plain {stats.plain_rounds})",
         f"bonus shortfall {stats.bonus_shortfall}",
     ]
-    if cost is not None:
-        verdict = "yes" if rounds.pays(stats.drafted_tokens_per_round, cost) else "no"
-        parts.append(f"cost {cost:.2f} steps, pays {verdict}")
+    if stats.cost_steps is not None:
+        parts.append(f"cost {stats.cost_steps:.2f} steps, pays {'yes' if stats.pays else 'no'}")
     if stats.k_chosen_histogram:
         chosen = " ".join(f"{k}:{n}" for k, n in sorted(stats.k_chosen_histogram.items()))
         parts.append(f"governor k chosen {{{chosen}}}, plain {stats.governor_plain_rounds}")

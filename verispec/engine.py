@@ -15,7 +15,6 @@ targets compute, ``accept`` decides, ``stats`` counts.
 
 from __future__ import annotations
 
-import copy
 import secrets
 import threading
 import time
@@ -25,20 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from verispec.accept import accept_chain, acceptance_probability
+from verispec.accept import accept_chain
 from verispec.detokenize import TextStream
-from verispec.drafters.base import NO_DRAFT, Draft, Drafter, DrafterContext
+from verispec.drafters.base import Drafter, DrafterContext
 from verispec.drafters.registry import create_drafter
 from verispec.errors import UserError
-from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
 from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
+from verispec.planner import AUTO, DEFAULT_K_MAX, Planner, RequestPlanner, calibrate, row_acceptance
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target, TargetError, check_can_run, prefill_steps
-
-CALIBRATION_REPEATS = 3  # timed verify passes per row count when calibrating costs
-DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
-AUTO = "auto"
 
 
 class PromptError(UserError, ValueError):
@@ -74,7 +69,7 @@ class _Request:
     seed: int
     text: TextStream
     stats: RequestStats = field(default_factory=RequestStats)
-    governor: Governor | None = None
+    planner: RequestPlanner | None = None
     context: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -130,13 +125,8 @@ class Engine:
         self.default_chat = has_template if default_chat is None else default_chat
         self.drafter_options = dict(drafter_options or {})
         self.load_seconds = load_seconds
-        # Round costs per drafter: as calibrated (frozen, for reproducible sampled requests)
-        # and as refined by later requests (live).
-        self._calibrated_costs: dict[str, CostModel] = {}
-        self._live_costs: dict[str, CostModel] = {}
-        # Acceptance at draft position 1 per drafter over recent requests: where the next
-        # request's governor starts (not for reproducible sampled requests).
-        self._acceptance: dict[str, AcceptanceMemory] = {}
+        # Per drafter: round costs as calibrated and as refined, and recent acceptance.
+        self.planner = Planner()
         self._lock = threading.Lock()
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
 
@@ -237,7 +227,8 @@ class Engine:
                 if capture is not None:
                     self.target.capture_hidden(capture)  # type: ignore[attr-defined]
                 yield from self._rounds(request)
-                self._learn(request)
+                if request.planner is not None:
+                    self.planner.finish(request.planner)
             finally:
                 self.target.reset()
                 request.drafter.reset()
@@ -257,10 +248,9 @@ class Engine:
         )
 
     def _rounds(self, request: _Request) -> Iterator[str]:
-        target, params, stats = self.target, request.params, request.stats
+        target, params, stats, drafter = self.target, request.params, request.stats, request.drafter
         rng = np.random.default_rng(request.seed)
-        prompt = request.prompt_ids
-        context = request.context
+        prompt, context = request.prompt_ids, request.context
         context.extend(prompt)
         stats.prompt_tokens = len(prompt)
         for seconds in prefill_steps(target, prompt[:-1]):
@@ -268,36 +258,23 @@ class Engine:
             # Between prefill chunks too, a consumer gets control back (to stop a request whose
             # client left while a long prompt was being read).
             yield ""
-        request.drafter.begin(prompt, params)
-        governor = self._governor(request)
+        drafter.begin(prompt, params)
+        planner = request.planner = self.planner.begin(
+            drafter,
+            stats,
+            lambda k_max: calibrate(target, drafter, context, len(prompt), params, k_max),
+            request.k,
+            request.k_max,
+            # A seeded sampled request must get the same k schedule every time.
+            reproducible=params.seed is not None and not params.greedy,
+        )
         while request.finish_reason is None:
             room = min(params.max_tokens - (len(context) - len(prompt)), target.context_length - len(context))
             if room <= 0:
                 request.finish_reason = "length"
                 break
             t0 = time.perf_counter()
-            shadow = NO_DRAFT
-            if governor is not None and governor.shadow:
-                # A shadowing governor's drafter is pure and nearly free: its proposal comes
-                # first, so the governor decides knowing what it is based on (``Draft.source``).
-                # Verifying a prefix of it is lossless: the cut depends on the drafter alone.
-                # In a plain round its first token is the shadow draft, never verified.
-                offer = request.drafter.propose(context, min(governor.k_max, room - 1), rng)
-                choice = governor.next_k(offer.source) if offer.tokens else Decision(0, 1.0)
-                stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
-                k, draft = choice.k, offer
-                if choice.k == 0:
-                    shadow = _prefix(offer, 1)
-            elif governor is not None:
-                choice = governor.next_k()
-                k = min(choice.k, room - 1)
-                draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
-                # A probe the drafter left empty examined nothing.
-                stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
-            else:
-                k = min(int(request.k), room - 1)
-                draft = request.drafter.propose(context, k, rng) if k > 0 else NO_DRAFT
-            draft = _prefix(draft, k)  # a drafter may offer more than asked
+            draft = planner.plan(context, room, rng).draft
             t1 = time.perf_counter()
             logits = target.verify([context[-1], *draft.tokens])
             target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
@@ -307,21 +284,11 @@ class Engine:
 
             committed = self._commit(request, [*draft.tokens[: verdict.accepted], verdict.token])
             accepted = min(verdict.accepted, committed)
-            bonus = int(committed == verdict.accepted + 1)
-            stats.observe(len(draft.tokens), accepted, bonus, t1 - t0, t2 - t1)
-            if governor is not None:
-                # The rule's own verdicts, not the committed count: a stop inside the kept
-                # prefix says nothing about the drafter.
-                governor.observe(len(draft.tokens), verdict.accepted, t1 - t0, t2 - t1)
-                if shadow.tokens:
-                    stats.governor_shadow_drafts += 1
-                    q = None if shadow.probs is None else shadow.probs[0]
-                    # The row accept_chain just checked: no second pass over the vocabulary.
-                    chance = acceptance_probability(target_probs[0], shadow.tokens[0], q, check_rows=False)
-                    governor.observe_shadow(chance)
+            stats.observe(len(draft.tokens), accepted, int(committed == verdict.accepted + 1), t1 - t0, t2 - t1)
+            planner.observe(len(draft.tokens), verdict.accepted, t1 - t0, t2 - t1, row_acceptance(target_probs[0]))
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
-                request.drafter.observe(context, accepted)
+                drafter.observe(context, accepted)
             # One piece per round, empty when the round completed no character: a consumer
             # gets control back every round (to notice a client that left, say).
             yield request.text.take(final=request.finish_reason is not None)
@@ -343,79 +310,3 @@ class Engine:
             if request.finish_reason is not None:
                 return count
         return len(tokens)
-
-    def _governor(self, request: _Request) -> Governor | None:
-        """Calibrate costs once per drafter; a governor for ``k="auto"`` requests."""
-        name = request.drafter.name
-        k_max = request.k_max if request.k == AUTO else int(request.k)
-        calibrated = self._calibrated_costs.get(name)
-        # The line through the calibration extrapolates to any k, but needs two sizes.
-        if calibrated is None or (k_max > 0 and not calibrated.has_slope):
-            calibrated = self._calibrate(request, k_max)
-            self._calibrated_costs[name] = calibrated
-            self._live_costs[name] = copy.deepcopy(calibrated)
-        live = self._live_costs[name]
-        request.stats.reference_step_seconds = live.verify(1)
-        if request.k != AUTO:
-            return None
-        # A seeded sampled request must get the same k schedule every time: frozen costs and
-        # the prior, whatever the requests before it measured.
-        reproducible = request.params.seed is not None and not request.params.greedy
-        costs = calibrated if reproducible else live
-        start = {} if reproducible else self._acceptance.setdefault(name, AcceptanceMemory()).start()
-        # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
-        # nothing the next round sees), and only while they are nearly free.
-        shadow = request.drafter.pure_proposals and Governor.can_shadow(costs)
-        governor = Governor(k_max, costs, adapt_costs=not reproducible, shadow=shadow, start=start)
-        request.stats.governor_start_acceptance = start[None][0] if start else None
-        request.governor = governor
-        return governor
-
-    def _calibrate(self, request: _Request, k_max: int) -> CostModel:
-        """Time verify passes of 1..k_max + 1 rows on the pending token, and the drafter."""
-        timings: dict[int, float] = {}
-        context, target = request.context, self.target
-        pending = len(context) - 1
-        rows_up_to = min(k_max + 1, target.context_length - pending)
-        scratch = np.random.default_rng(0)  # never the request's RNG
-        prompt, params = request.prompt_ids, request.params
-        for rows in range(1, rows_up_to + 1):
-            times = []
-            drafts = [context[-1]] * (rows - 1)
-            for _ in range(CALIBRATION_REPEATS):
-                # A whole round's decide path: forward pass, final distributions, the rule.
-                start = time.perf_counter()
-                logits = target.verify([context[-1], *drafts])
-                probs = final_distributions(logits, params, prompt, context[len(prompt) :], drafts)
-                accept_chain(probs, np.asarray(drafts, dtype=np.int64), None, scratch.random(2 * rows - 1))
-                times.append(time.perf_counter() - start)
-                target.rollback(pending)
-            # The fastest of the repeats: interference (another process, a collection) only
-            # ever adds time, and a calibration is frozen for reproducible requests, so one
-            # slow outlier must not price drafting out for good.
-            timings[rows] = min(times)
-        draft = 0.0
-        if k_max > 0:
-            fastest = float("inf")
-            for _ in range(CALIBRATION_REPEATS):
-                start = time.perf_counter()
-                offered = len(request.drafter.propose(context, min(PROBE_K, k_max), scratch).tokens)
-                fastest = min(fastest, time.perf_counter() - start)
-                request.drafter.observe(context, 0)
-            draft = fastest / offered if offered else 0.0
-        return CostModel.from_timings(timings, draft)
-
-    def _learn(self, request: _Request) -> None:
-        """A finished request refines the drafter's costs and acceptance memory (unless it is
-        reproducible, which must leave them as they were)."""
-        governor = request.governor
-        if governor is not None and governor.adapt_costs:
-            self._live_costs[request.drafter.name] = governor.costs
-            self._acceptance[request.drafter.name].learn(governor)
-
-
-def _prefix(draft: Draft, k: int) -> Draft:
-    """The first k tokens of a draft, with their rows and source."""
-    if len(draft.tokens) <= k:
-        return draft
-    return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], draft.source)

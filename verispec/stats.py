@@ -9,7 +9,8 @@ and its time is the unit of ``cost_steps``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from verispec import rounds
@@ -74,6 +75,45 @@ class RequestStats:
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds
 
+    def merge(self, other: RequestStats) -> None:
+        """Add another's counts and times to these (a category's total, say). The values of
+        one request (``reference_step_seconds``, ``governor_start_acceptance``) stay these."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("offered_by_position", "accepted_by_position"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, count in enumerate(theirs):
+                mine[i] += count
+        for name in ("k_histogram", "k_chosen_histogram"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for k, count in theirs.items():
+                mine[k] = mine.get(k, 0) + count
+
+    @classmethod
+    def total(cls, many: Iterable[RequestStats]) -> RequestStats:
+        """The sum of many requests' statistics; every ratio is then derived from the sums."""
+        total = cls()
+        for stats in many:
+            total.merge(stats)
+        return total
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> RequestStats:
+        """The statistics ``as_dict`` wrote (derived values are derived again; counters a record
+        from an older version lacks are zero)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in record:
+                continue
+            value = record[f.name]
+            if f.name in ("k_histogram", "k_chosen_histogram"):
+                value = {int(k): int(n) for k, n in value.items()}
+            elif f.name in ("offered_by_position", "accepted_by_position"):
+                value = [int(n) for n in value]
+            values[f.name] = value
+        return cls(**values)
+
     @property
     def tokens(self) -> int:
         return self.accepted + self.bonus
@@ -119,25 +159,43 @@ class RequestStats:
         return self.reference_step_seconds
 
     @property
+    def drafted_rounds(self) -> int:
+        return self.rounds - self.plain_rounds
+
+    @property
     def cost_steps(self) -> float | None:
         """Mean time of a drafted round in plain decode steps; None until both are known."""
-        drafted = self.rounds - self.plain_rounds
-        step = self.plain_step_seconds
-        if not drafted or not step:
+        return self.cost_steps_at(self.plain_step_seconds)
+
+    def cost_steps_at(self, step_seconds: float | None) -> float | None:
+        """Mean time of a drafted round in units of ``step_seconds`` (a plain step measured
+        elsewhere: the bench's own plain run of the same prompts)."""
+        if not self.drafted_rounds or not step_seconds:
             return None
-        return (self.decode_seconds - self.plain_seconds) / drafted / step
+        return (self.decode_seconds - self.plain_seconds) / self.drafted_rounds / step_seconds
 
     @property
     def drafted_tokens_per_round(self) -> float:
         """Tokens per drafted round (plain rounds left out), the side of ``pays``."""
-        drafted = self.rounds - self.plain_rounds
         # A plain round always commits exactly one token, its bonus.
-        return rounds.tokens_per_round(self.accepted, self.bonus - self.plain_rounds, drafted)
+        return rounds.tokens_per_round(self.accepted, self.bonus - self.plain_rounds, self.drafted_rounds)
 
     @property
     def pays(self) -> bool | None:
-        cost = self.cost_steps
+        return self.pays_at(self.plain_step_seconds)
+
+    def pays_at(self, step_seconds: float | None) -> bool | None:
+        """Tokens per drafted round > its cost in steps of ``step_seconds``; None: not known."""
+        cost = self.cost_steps_at(step_seconds)
         return None if cost is None else rounds.pays(self.drafted_tokens_per_round, cost)
+
+    def predicted_speedup_at(self, step_seconds: float | None) -> float | None:
+        """What the theory predicts over plain decoding for these rounds: the measured mix of
+        round sizes, per-position acceptance and cost (``rounds.predicted_speedup_for_rounds``)."""
+        cost = self.cost_steps_at(step_seconds)
+        if cost is None:
+            return None
+        return rounds.predicted_speedup_for_rounds(self.k_histogram, self.per_position_acceptance, cost)
 
     def as_dict(self) -> dict[str, Any]:
         """The counters and ratios as plain JSON-able values."""
@@ -167,7 +225,26 @@ class RequestStats:
             "prompt_tokens": self.prompt_tokens,
             "prefill_seconds": self.prefill_seconds,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
+            "reference_step_seconds": self.reference_step_seconds,
             "tokens_per_second": self.tokens_per_second,
             "cost_steps": self.cost_steps,
             "pays": self.pays,
         }
+
+
+# The counters and times ``merge`` adds up (the per-position lists and histograms apart).
+_SUMMED = (
+    "rounds",
+    "offered",
+    "accepted",
+    "bonus",
+    "plain_rounds",
+    "draft_seconds",
+    "verify_seconds",
+    "plain_seconds",
+    "prefill_seconds",
+    "prompt_tokens",
+    "governor_plain_rounds",
+    "governor_probes",
+    "governor_shadow_drafts",
+)

@@ -2,9 +2,10 @@
 
 import pytest
 
-from verispec.bench.replay import Clock, NoisyTimer, Schedule, replay
+from verispec.bench.replay import Clock, NoisyTimer, replay
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
+from verispec.planner import Planner
 
 PROMPTS = ["the cat sat on the mat. the cat", "abc abc abc ab", "zq xw vu ts"]
 
@@ -15,8 +16,10 @@ def test_a_fixed_k_replays_the_engines_rounds_exactly(tiny_engine, prompt, k):
     plain = tiny_engine.generate(prompt, drafter="none", temperature=0, max_tokens=60)
     assert plain.finish_reason == "length"
     spec = tiny_engine.generate(prompt, drafter="lookup", k=k, temperature=0, max_tokens=60)
-    replayed = replay(tiny_engine.encode(prompt), plain.token_ids, LookupDrafter(), Schedule.fixed(k), Clock(0.1))
+    replayed = replay(tiny_engine.encode(prompt), plain.token_ids, LookupDrafter(), Planner(), Clock(0.1), k=k)
     assert replayed.rounds == spec.stats.rounds
+    assert replayed.stats.k_histogram == spec.stats.k_histogram
+    assert replayed.stats.accepted_by_position == spec.stats.accepted_by_position
     drafted = sum(d * n for d, n in spec.stats.k_histogram.items())
     assert replayed.steps == pytest.approx(spec.stats.rounds + 0.1 * drafted)
 
@@ -24,8 +27,8 @@ def test_a_fixed_k_replays_the_engines_rounds_exactly(tiny_engine, prompt, k):
 def test_an_always_wrong_drafter_under_the_governor_costs_little():
     output = list(range(5, 105))
     clock = Clock(0.15)
-    fixed = replay([1, 2, 3], output, WrongDrafter(-1), Schedule.fixed(3), clock)
-    governed = replay([1, 2, 3], output, WrongDrafter(-1), Schedule.governed(8, clock, shadow=True), clock)
+    fixed = replay([1, 2, 3], output, WrongDrafter(-1), Planner(), clock, k=3)
+    governed = replay([1, 2, 3], output, WrongDrafter(-1), Planner(), clock)
     assert fixed.rounds == governed.rounds == 100  # one token a round: every draft rejected
     assert fixed.steps == pytest.approx(97 * 1.45 + 1.30 + 1.15 + 1.0)  # the last rounds draft what fits
     assert 0.97 < governed.speedup(100) < 1.0  # a few drafted rounds, then shadows keep it off
@@ -44,9 +47,9 @@ def test_a_governor_measuring_noisy_timings_keeps_close_to_exact_costs():
     prompt = [7, 8, 9, 10, 11, 12] * 150  # 900 tokens: a row costs 0.1 + 0.12 = 0.22 steps
     output = ([7, 8, 9, 10, 11, 12] * 10 + [40 + i for i in range(20)]) * 3
     clock = Clock(0.1, 0.00012)
-    exact = replay(prompt, output, LookupDrafter(), Schedule.governed(8, clock, shadow=True), clock)
+    exact = replay(prompt, output, LookupDrafter(), Planner(), clock)
     timer = NoisyTimer(clock, sigma=0.15, seed=1)
-    measured = replay(prompt, output, LookupDrafter(), Schedule.governed(8, clock, shadow=True, timer=timer), clock)
+    measured = replay(prompt, output, LookupDrafter(), Planner(), clock, timer=timer)
     speeds = [r.speedup(len(output)) for r in (exact, measured)]
     print(f"\n  exact costs {speeds[0]:.3f}x, measured {speeds[1]:.3f}x")
     assert speeds[1] >= 0.95 * speeds[0]

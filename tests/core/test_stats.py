@@ -1,5 +1,7 @@
 """Per-request statistics: counts, per-position bookkeeping and cost in plain steps."""
 
+import dataclasses
+
 import pytest
 
 from verispec.stats import RequestStats
@@ -58,3 +60,47 @@ def test_prefill_rate():
     assert stats.as_dict()["prefill_tokens_per_second"] == pytest.approx(400.0)
     assert stats.as_dict()["prompt_tokens"] == 200
     assert RequestStats().prefill_tokens_per_second == 0.0  # no prefill timed: no rate
+
+
+def _two_requests():
+    first, second = RequestStats(prompt_tokens=10, prefill_seconds=0.1), RequestStats(prompt_tokens=30)
+    first.observe(offered=3, accepted=3, bonus=1, draft_seconds=0.001, verify_seconds=0.03)
+    first.observe(offered=0, accepted=0, bonus=1, draft_seconds=0.0, verify_seconds=0.02)
+    first.observe_choice(3, probe=False)
+    second.observe(offered=5, accepted=1, bonus=1, draft_seconds=0.002, verify_seconds=0.04)
+    second.observe_choice(5, probe=True)
+    return first, second
+
+
+def test_a_total_is_the_counts_of_all_rounds_observed_in_one():
+    first, second = _two_requests()
+    together = RequestStats(prompt_tokens=40, prefill_seconds=0.1)
+    together.observe(offered=3, accepted=3, bonus=1, draft_seconds=0.001, verify_seconds=0.03)
+    together.observe(offered=0, accepted=0, bonus=1, draft_seconds=0.0, verify_seconds=0.02)
+    together.observe(offered=5, accepted=1, bonus=1, draft_seconds=0.002, verify_seconds=0.04)
+    together.observe_choice(3, probe=False)
+    together.observe_choice(5, probe=True)
+    total = RequestStats.total([first, second])
+    for name, value in dataclasses.asdict(together).items():
+        assert getattr(total, name) == (pytest.approx(value) if isinstance(value, float) else value), name
+    assert total.offered_by_position == [2, 2, 2, 1, 1] and total.accepted_by_position == [2, 1, 1, 0, 0]
+    assert total.k_histogram == {3: 1, 0: 1, 5: 1} and total.k_chosen_histogram == {3: 1, 5: 1}
+    assert first.rounds == 2  # the parts are left as they were
+
+
+def test_statistics_round_trip_through_their_dict():
+    first, _ = _two_requests()
+    first.reference_step_seconds, first.governor_start_acceptance = 0.02, 0.4
+    assert RequestStats.from_dict(first.as_dict()) == first
+    older = {key: value for key, value in first.as_dict().items() if key not in ("prefill_seconds", "prompt_tokens")}
+    assert RequestStats.from_dict(older).prompt_tokens == 0  # a record from before prefill was counted
+
+
+def test_cost_and_pays_against_a_step_measured_elsewhere():
+    first, second = _two_requests()
+    total = RequestStats.total([first, second])
+    # Drafted rounds: 0.031 + 0.042 s over 2 rounds, in steps of 0.0146 s: 2.5 steps; 3 tokens a round.
+    assert total.cost_steps_at(0.0146) == pytest.approx(0.0365 / 0.0146)
+    assert total.pays_at(0.0146) is True and total.pays_at(0.01) is False
+    assert total.cost_steps == pytest.approx(0.0365 / 0.02)  # its own plain round as the step
+    assert total.predicted_speedup_at(None) is None and RequestStats().cost_steps_at(0.01) is None

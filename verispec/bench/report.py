@@ -1,4 +1,5 @@
-"""From per-prompt records to the per-category table. Every ratio goes through rounds.py.
+"""From per-prompt records to the per-category table. Every ratio is a property of the summed
+``RequestStats`` of the runs (and so goes through rounds.py).
 
 Per category (and overall) and configuration:
 
@@ -25,10 +26,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from verispec import rounds
+from verispec.stats import RequestStats
 
 OVERALL = "overall"
 
@@ -55,46 +57,22 @@ class Row:
     prefill_tokens_per_second: float | None = None
 
 
-def _sum_lists(lists: list[list[int]]) -> list[int]:
-    width = max((len(x) for x in lists), default=0)
-    return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
-
-
 def _round_fields(row: Row, runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> None:
-    stats = [r["stats"] for r in runs]
-    prefill_seconds = sum(s.get("prefill_seconds", 0.0) for s in stats)
-    if prefill_seconds > 0:
-        row.prefill_tokens_per_second = sum(s.get("prompt_tokens", 0) for s in stats) / prefill_seconds
-    n_rounds = sum(s["rounds"] for s in stats)
-    accepted = sum(s["accepted"] for s in stats)
-    bonus = sum(s["bonus"] for s in stats)
-    offered = sum(s["offered"] for s in stats)
-    histogram: dict[int, int] = defaultdict(int)
-    for s in stats:
-        for k, count in s["k_histogram"].items():
-            histogram[int(k)] += count
-    row.tokens_per_round = rounds.tokens_per_round(accepted, bonus, n_rounds)
-    row.acceptance_rate = rounds.acceptance_rate(accepted, offered)
-    row.per_position = rounds.per_position_acceptance(
-        _sum_lists([s["accepted_by_position"] for s in stats]), _sum_lists([s["offered_by_position"] for s in stats])
-    )
-    row.bonus_shortfall = rounds.bonus_shortfall(n_rounds, bonus)
-
-    # The unit of cost: the baseline's plain step on the same prompts.
-    base = [r["stats"] for r in baseline if r.get("stats")]
-    step_seconds = sum(s["verify_seconds"] + s["draft_seconds"] for s in base)
-    steps = sum(s["rounds"] for s in base)
-    plain_rounds = sum(s["plain_rounds"] for s in stats)
-    drafted = n_rounds - plain_rounds
-    if not steps or not step_seconds:
+    total = RequestStats.total(RequestStats.from_dict(r["stats"]) for r in runs)
+    if total.prefill_seconds > 0:
+        row.prefill_tokens_per_second = total.prefill_tokens_per_second
+    row.tokens_per_round = total.tokens_per_round
+    row.acceptance_rate = total.acceptance_rate
+    row.per_position = total.per_position_acceptance
+    row.bonus_shortfall = total.bonus_shortfall
+    # The unit of cost: the own plain run's step on the same prompts.
+    step = RequestStats.total(RequestStats.from_dict(r["stats"]) for r in baseline if r.get("stats")).plain_step_seconds
+    if not step:
         return
-    step = step_seconds / steps
-    drafted_seconds = sum(s["draft_seconds"] + s["verify_seconds"] - s["plain_seconds"] for s in stats)
-    if drafted:
-        row.cost_steps = drafted_seconds / drafted / step
-        drafted_tokens = rounds.tokens_per_round(accepted, bonus - plain_rounds, drafted)
-        row.pays = rounds.pays(drafted_tokens, row.cost_steps)
-        row.predicted_speedup = rounds.predicted_speedup_for_rounds(histogram, row.per_position, row.cost_steps)
+    if total.drafted_rounds:
+        row.cost_steps = total.cost_steps_at(step)
+        row.pays = total.pays_at(step)
+        row.predicted_speedup = total.predicted_speedup_at(step)
     elif row.own_plain == row.config:
         row.predicted_speedup = 1.0
     else:
@@ -174,65 +152,56 @@ def _fmt(value: Any, pattern: str = "{:.2f}") -> str:
     return pattern.format(value)
 
 
+@dataclass(frozen=True)
+class Column:
+    """A column of the results table, the same in the terminal and in markdown."""
+
+    name: str
+    cell: Callable[[Row], str]
+    left: bool = False  # text columns align left, numbers right
+
+
+COLUMNS = (
+    Column("category", lambda row: row.category, left=True),
+    Column("config", lambda row: row.config, left=True),
+    Column("n", lambda row: str(row.prompts)),
+    Column("tok/s", lambda row: f"{row.tokens_per_second:.1f}"),
+    Column("prefill tok/s", lambda row: _fmt(row.prefill_tokens_per_second, "{:.0f}")),
+    Column("speed-up", lambda row: _fmt(row.speedup, "{:.2f}x")),
+    Column("own plain", lambda row: row.own_plain, left=True),
+    Column("vs own", lambda row: _fmt(row.speedup_own, "{:.2f}x")),
+    Column("tok/round", lambda row: _fmt(row.tokens_per_round)),
+    Column("accept", lambda row: _fmt(row.acceptance_rate, "{:.0%}")),
+    Column("per-position", lambda row: " ".join(f"{a:.2f}" for a in row.per_position[:8]) or "-", left=True),
+    Column("shortfall", lambda row: _fmt(row.bonus_shortfall, "{}")),
+    Column("cost steps", lambda row: _fmt(row.cost_steps)),
+    Column("pays", lambda row: _fmt(row.pays)),
+    Column("predicted", lambda row: _fmt(row.predicted_speedup, "{:.2f}x")),
+    Column("efficiency", lambda row: _fmt(row.efficiency, "{:.0%}")),
+    Column("identical", lambda row: _fmt(row.identical, "{:.0%}")),
+    Column("peak MB", lambda row: f"{row.peak_rss_mb:.0f}"),
+)
+
+
 def render_table(rows: list[Row], title: str) -> Any:
-    """A rich Table of the rows."""
+    """A rich Table of the rows (a category named once for its block of rows)."""
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    columns = ["category", "config", "n", "tok/s", "prefill tok/s", "speed-up", "own plain", "vs own", "tok/round"]
-    columns += ["accept"]
-    columns += ["per-position"]
-    columns += ["shortfall", "cost steps", "pays", "predicted", "efficiency", "identical", "peak MB"]
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("category", "config", "per-position") else "right")
+    for column in COLUMNS:
+        table.add_column(column.name, justify="left" if column.left else "right")
     previous = None
     for row in rows:
-        table.add_row(
-            row.category if row.category != previous else "",
-            row.config,
-            str(row.prompts),
-            f"{row.tokens_per_second:.1f}",
-            _fmt(row.prefill_tokens_per_second, "{:.0f}"),
-            _fmt(row.speedup, "{:.2f}x"),
-            row.own_plain,
-            _fmt(row.speedup_own, "{:.2f}x"),
-            _fmt(row.tokens_per_round),
-            _fmt(row.acceptance_rate, "{:.0%}"),
-            " ".join(f"{a:.2f}" for a in row.per_position[:8]) or "-",
-            _fmt(row.bonus_shortfall, "{}"),
-            _fmt(row.cost_steps),
-            _fmt(row.pays),
-            _fmt(row.predicted_speedup, "{:.2f}x"),
-            _fmt(row.efficiency, "{:.0%}"),
-            _fmt(row.identical, "{:.0%}"),
-            f"{row.peak_rss_mb:.0f}",
-        )
+        cells = [column.cell(row) for column in COLUMNS]
+        if row.category == previous:
+            cells[0] = ""
+        table.add_row(*cells)
         previous = row.category
     return table
 
 
 def markdown_table(rows: list[Row]) -> str:
     """The same table as GitHub markdown, for BENCHMARKS.md."""
-    header = "| category | config | n | tok/s | prefill tok/s | speed-up | own plain | vs own | tok/round | accept"
-    header += " | cost steps | pays | predicted | efficiency | identical |"
-    lines = [header, "|" + "---|" * 15]
-    for row in rows:
-        cells = [
-            row.category,
-            row.config,
-            str(row.prompts),
-            f"{row.tokens_per_second:.1f}",
-            _fmt(row.prefill_tokens_per_second, "{:.0f}"),
-            _fmt(row.speedup, "{:.2f}x"),
-            row.own_plain,
-            _fmt(row.speedup_own, "{:.2f}x"),
-            _fmt(row.tokens_per_round),
-            _fmt(row.acceptance_rate, "{:.0%}"),
-            _fmt(row.cost_steps),
-            _fmt(row.pays),
-            _fmt(row.predicted_speedup, "{:.2f}x"),
-            _fmt(row.efficiency, "{:.0%}"),
-            _fmt(row.identical, "{:.0%}"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = ["| " + " | ".join(column.name for column in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(column.cell(row) for column in COLUMNS) + " |" for row in rows]
     return "\n".join(lines)

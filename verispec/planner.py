@@ -1,0 +1,233 @@
+"""The round planner: what the next round drafts, and what the engine learns from each round.
+
+One object decides every round, whatever the request asked for:
+
+- a fixed k: up to k drafts a round (fewer where the room left or the drafter says so);
+- ``k="auto"``: the economics governor (``verispec.governor``) picks 0..k_max before each
+  round from the measured costs and acceptance;
+- shadow drafts: a governed drafter whose proposals are pure and nearly free proposes first,
+  the governor decides for the proposal in hand, and a plain round's first proposed token is
+  scored against the target's own row instead of verified.
+
+``Planner`` is held by an engine and keeps, per drafter, the round costs as calibrated
+(frozen, for reproducible sampled requests), as refined by later requests (live), and the
+acceptance memory the next request's governor starts from. ``Planner.begin`` gives a request
+its ``RequestPlanner``: ``plan(context, room, rng) -> Plan(k, draft, shadow)`` before the
+verify pass, ``observe(...)`` after it; ``Planner.finish`` folds a finished request back in.
+The engine's rounds and the benchmark's replay (``verispec.bench.replay``) run this same
+object, so what a replay judges is what the engine does.
+
+The planner only decides how many tokens are drafted: the acceptance rule, and so the output
+distribution, is untouched (verifying any prefix of a proposal is lossless: the cut depends
+on the drafter's side alone).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from verispec.accept import accept_chain, acceptance_probability
+from verispec.drafters.base import NO_DRAFT, Draft, Drafter
+from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
+from verispec.sampling import SamplingParams, final_distributions
+from verispec.stats import RequestStats
+from verispec.targets.base import Target
+
+AUTO = "auto"
+DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
+CALIBRATION_REPEATS = 3  # timed verify passes per row count when calibrating costs
+
+# Calibrates a drafter's costs for rounds of up to the given number of drafts.
+Calibrate = Callable[[int], CostModel]
+# The probability that the rule accepts a draft's first token at a round's first position.
+ShadowAcceptance = Callable[[Draft], float]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One round's decision. ``k``: the drafts chosen (0: a plain round); ``draft``: what is
+    verified (at most k tokens, fewer when the drafter offered fewer); ``shadow``: in a plain
+    round of a shadowing governor, the first token the drafter proposed anyway, never verified
+    (NO_DRAFT otherwise)."""
+
+    k: int
+    draft: Draft
+    shadow: Draft = NO_DRAFT
+
+
+class RequestPlanner:
+    """One request's rounds: a fixed k, or a governor (``governor`` is None for a fixed k).
+    Records its decisions in the request's ``stats``."""
+
+    def __init__(self, drafter: Drafter, stats: RequestStats, fixed_k: int = 0, governor: Governor | None = None):
+        self.drafter = drafter
+        self.stats = stats
+        self.fixed_k = fixed_k
+        self.governor = governor
+        self._shadow = NO_DRAFT  # the last plan's shadow draft
+
+    def plan(self, context: Sequence[int], room: int, rng: np.random.Generator) -> Plan:
+        """The next round after ``context``, which has room for ``room`` more tokens (a round
+        commits up to its drafts + 1)."""
+        governor, drafter = self.governor, self.drafter
+        if governor is None:
+            k = min(self.fixed_k, room - 1)
+            plan = Plan(k, prefix(drafter.propose(context, k, rng), k) if k > 0 else NO_DRAFT)
+        elif governor.shadow:
+            # The drafter is pure and nearly free: its proposal comes first, so the governor
+            # decides knowing what it is based on (``Draft.source``).
+            offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
+            choice = governor.next_k(offer.source) if offer.tokens else Decision(0, 1.0)
+            self.stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
+            shadow = prefix(offer, 1) if choice.k == 0 else NO_DRAFT
+            plan = Plan(choice.k, prefix(offer, choice.k), shadow)
+        else:
+            choice = governor.next_k()
+            k = min(choice.k, room - 1)
+            draft = prefix(drafter.propose(context, k, rng), k) if k > 0 else NO_DRAFT
+            # A probe the drafter left empty examined nothing.
+            self.stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
+            plan = Plan(k, draft)
+        self._shadow = plan.shadow
+        return plan
+
+    def observe(
+        self,
+        offered: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        shadow_acceptance: ShadowAcceptance | None = None,
+    ) -> None:
+        """What the planned round did: the drafts verified, the prefix the rule accepted (its
+        own verdict, not the committed count: a stop inside the kept prefix says nothing about
+        the drafter), the timings, and, needed when the plan had a shadow draft, how likely the
+        rule would have accepted a draft's first token at the round's first position."""
+        governor = self.governor
+        if governor is None:
+            return
+        governor.observe(offered, accepted, draft_seconds, verify_seconds)
+        if self._shadow.tokens:
+            if shadow_acceptance is None:
+                raise ValueError("a round with a shadow draft needs its acceptance at the first position")
+            self.stats.governor_shadow_drafts += 1
+            governor.observe_shadow(shadow_acceptance(self._shadow))
+
+
+class Planner:
+    """Per engine: each drafter's calibrated and live costs and acceptance memory.
+
+    ``shadows`` False keeps every governor to back-off and probes (an ablation for replays)."""
+
+    def __init__(self, shadows: bool = True) -> None:
+        self.shadows = shadows
+        self.calibrated: dict[str, CostModel] = {}
+        self.live: dict[str, CostModel] = {}
+        self.acceptance: dict[str, AcceptanceMemory] = {}
+
+    def begin(
+        self,
+        drafter: Drafter,
+        stats: RequestStats,
+        calibrate: Calibrate,
+        k: int | str = AUTO,
+        k_max: int = DEFAULT_K_MAX,
+        reproducible: bool = False,
+    ) -> RequestPlanner:
+        """A request's planner. ``calibrate`` is called when the drafter's costs are not known
+        yet (with the most drafts a round may have); ``reproducible``: a seeded sampled request,
+        whose k schedule must not depend on timing noise or on earlier requests, so it starts
+        from the costs as calibrated and the prior, and changes neither."""
+        name = drafter.name
+        limit = k_max if k == AUTO else int(k)
+        calibrated = self.calibrated.get(name)
+        # The line through the calibration extrapolates to any k, but needs two sizes.
+        if calibrated is None or (limit > 0 and not calibrated.has_slope):
+            calibrated = self.calibrated[name] = calibrate(limit)
+            self.live[name] = copy.deepcopy(calibrated)
+        live = self.live[name]
+        stats.reference_step_seconds = live.verify(1)
+        if k != AUTO:
+            return RequestPlanner(drafter, stats, fixed_k=limit)
+        costs = calibrated if reproducible else live
+        start = {} if reproducible else self.acceptance.setdefault(name, AcceptanceMemory()).start()
+        # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
+        # nothing the next round sees), and only while they are nearly free.
+        shadow = self.shadows and drafter.pure_proposals and Governor.can_shadow(costs)
+        governor = Governor(limit, costs, adapt_costs=not reproducible, shadow=shadow, start=start)
+        stats.governor_start_acceptance = start[None][0] if start else None
+        return RequestPlanner(drafter, stats, governor=governor)
+
+    def finish(self, request: RequestPlanner) -> None:
+        """A finished request refines its drafter's costs and acceptance memory (unless it is
+        reproducible, which must leave them as they were)."""
+        governor = request.governor
+        if governor is not None and governor.adapt_costs:
+            self.live[request.drafter.name] = governor.costs
+            self.acceptance[request.drafter.name].learn(governor)
+
+
+def calibrate(
+    target: Target,
+    drafter: Drafter,
+    context: Sequence[int],
+    prompt_tokens: int,
+    params: SamplingParams,
+    k_max: int,
+) -> CostModel:
+    """Time verify passes of 1..k_max + 1 rows on the pending token (``context[-1]``, not yet
+    in the target's cache), and the drafter's proposals; the cache is left as it was."""
+    timings: dict[int, float] = {}
+    pending = len(context) - 1
+    rows_up_to = min(k_max + 1, target.context_length - pending)
+    scratch = np.random.default_rng(0)  # never the request's RNG
+    prompt, generated = context[:prompt_tokens], context[prompt_tokens:]
+    for rows in range(1, rows_up_to + 1):
+        times = []
+        drafts = [context[-1]] * (rows - 1)
+        for _ in range(CALIBRATION_REPEATS):
+            # A whole round's decide path: forward pass, final distributions, the rule.
+            start = time.perf_counter()
+            logits = target.verify([context[-1], *drafts])
+            probs = final_distributions(logits, params, prompt, generated, drafts)
+            accept_chain(probs, np.asarray(drafts, dtype=np.int64), None, scratch.random(2 * rows - 1))
+            times.append(time.perf_counter() - start)
+            target.rollback(pending)
+        # The fastest of the repeats: interference (another process, a collection) only ever
+        # adds time, and a calibration is frozen for reproducible requests, so one slow
+        # outlier must not price drafting out for good.
+        timings[rows] = min(times)
+    draft = 0.0
+    if k_max > 0:
+        fastest = float("inf")
+        for _ in range(CALIBRATION_REPEATS):
+            start = time.perf_counter()
+            offered = len(drafter.propose(context, min(PROBE_K, k_max), scratch).tokens)
+            fastest = min(fastest, time.perf_counter() - start)
+            drafter.observe(context, 0)
+        draft = fastest / offered if offered else 0.0
+    return CostModel.from_timings(timings, draft)
+
+
+def row_acceptance(target_row: NDArray[np.float64]) -> ShadowAcceptance:
+    """A draft's acceptance at a position whose final distribution is ``target_row`` (V,),
+    a row the rule has just checked: no second pass over the vocabulary."""
+
+    def chance(draft: Draft) -> float:
+        q = None if draft.probs is None else draft.probs[0]
+        return acceptance_probability(target_row, draft.tokens[0], q, check_rows=False)
+
+    return chance
+
+
+def prefix(draft: Draft, k: int) -> Draft:
+    """The first k tokens of a draft, with their rows and source."""
+    if len(draft.tokens) <= k:
+        return draft
+    return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], draft.source)
