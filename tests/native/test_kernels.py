@@ -1,6 +1,8 @@
 """The C++ kernels: each format against a plain numpy model of its arithmetic, and rows
 that do not depend on the other rows of a pass."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -84,3 +86,24 @@ def test_bad_shapes_are_refused(ext):
     packed = weights.pack()
     with pytest.raises(RuntimeError, match="wrong size"):
         ext.make_matrix(2, 8, 64, torch.from_numpy(packed["data"])[:1], torch.from_numpy(packed["scale"]))
+
+
+def test_a_build_lock_left_by_a_dead_build_is_removed_and_a_fresh_one_kept(tmp_path):
+    lock = tmp_path / "lock"
+    assert not kernels.clear_stale_lock(tmp_path)  # no lock: nothing to do
+    lock.write_text("")
+    assert not kernels.clear_stale_lock(tmp_path) and lock.exists()  # a build may be running
+    old = lock.stat().st_mtime - kernels.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale native kernel build lock"):
+        assert kernels.clear_stale_lock(tmp_path)
+    assert not lock.exists()
+
+
+def test_two_checkouts_of_one_source_build_in_separate_folders(tmp_path, monkeypatch):
+    # Their build files name the source's path: one shared folder would be rebuilt by each in turn.
+    here = kernels.build_key()
+    copy = tmp_path / "decoder.cpp"
+    copy.write_bytes(kernels.SOURCE.read_bytes())
+    monkeypatch.setattr(kernels, "SOURCE", copy)
+    assert kernels.build_key() != here

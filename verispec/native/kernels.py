@@ -15,12 +15,14 @@ import os
 import platform
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder.cpp"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c++17"]
 LDFLAGS = ["-fopenmp"]
+STALE_LOCK_SECONDS = 1800.0  # a build lock this old was left by a build that died
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -42,7 +44,10 @@ def build_key() -> str:
     import torch
 
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS + LDFLAGS).encode(), torch.__version__.encode()):
+    # The source's path too: the build files record it, so checkouts sharing a build folder
+    # would rebuild in turn, each waiting on the other's lock.
+    parts = (SOURCE.read_bytes(), str(SOURCE.resolve()).encode(), " ".join(CFLAGS + LDFLAGS).encode())
+    for part in (*parts, torch.__version__.encode()):
         digest.update(part)
     digest.update(_cpu_signature().encode())
     return digest.hexdigest()[:16]
@@ -64,6 +69,7 @@ def load(verbose: bool = False) -> ModuleType | None:
 
         directory = build_dir()
         directory.mkdir(parents=True, exist_ok=True)
+        clear_stale_lock(directory)
         fresh = not any(directory.glob("*.so"))
         start = time.perf_counter()
         try:
@@ -81,6 +87,24 @@ def load(verbose: bool = False) -> ModuleType | None:
         if fresh:
             build_seconds = time.perf_counter() - start
         return _module
+
+
+def clear_stale_lock(directory: Path, stale_after: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove a build lock older than ``stale_after`` seconds; True if one was removed.
+
+    torch's builder holds a lock file in the build folder while it compiles and waits, without
+    end, while another process holds it; a build that was killed leaves its lock behind, and
+    every later load of the native backend would wait forever. A build takes about a minute."""
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < stale_after:
+        return False
+    warnings.warn(f"removing a stale native kernel build lock ({age / 60:.0f} min old): {lock}", stacklevel=2)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def build_error() -> str | None:
