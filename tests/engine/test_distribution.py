@@ -157,7 +157,11 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     )
     if drafter == "wrong":
         assert offered > 0 and accepted == 0  # every round drafted, every draft rejected
-    elif drafter != "none":
+    elif drafter != "none" and (k != "auto" or offered > 0):
+        # With k auto these seeded requests plan on one frozen calibration, which a stall on a
+        # loaded machine can price out of drafting for the whole arm (seen once in CI on the
+        # native tiny target, whose step is a fraction of a millisecond): the law is checked
+        # either way, and the equivalence tests assert that k auto drafts.
         assert offered > 0 and 0 < accepted < offered  # drafts were offered, kept and rejected
     assert pvalue > CHI2_ALPHA
     assert deviation <= tol
