@@ -4,6 +4,8 @@ stream of server-sent events, and the job cancelled however the exchange ends.
 The status is chosen once the first text (or the end) arrives: a request that fails before
 its first token gets a real error status, even when it asked to stream. A client that leaves
 cancels its job: ``DisconnectWatch`` notices until a stream starts, Starlette from then on.
+Every event taken from the job passes through a ``StreamTimer`` (time to first token,
+inter-piece latency, queue time), streaming or not: the events arrive the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from verispec.engine import Generation
 from verispec.server import schemas
 from verispec.server.errors import APIError, aborted_by_shutdown
 from verispec.server.gate import CLEANUP_KEY, CLIENT_CLOSED_REQUEST
+from verispec.server.metrics import StreamTimer
 from verispec.server.responses import SSE_DONE, ChunkMaker, completion_body, json_response, sse_data
 from verispec.server.worker import EngineWorker, Event, GenerationJob
 
@@ -56,6 +59,7 @@ async def respond(
     body: schemas.CompletionRequest | schemas.ChatCompletionRequest,
 ) -> Response:
     """Run ``job`` and answer: JSON, or (``body.stream``) server-sent events."""
+    timer = StreamTimer(worker.metrics)  # the request's arrival: its latencies count from here
     worker.submit(job)
     # However the exchange ends (finished, client gone, error, cancelled), the job ends with it.
     request.scope.get(CLEANUP_KEY, []).append(lambda: worker.cancel(job))
@@ -63,20 +67,20 @@ async def respond(
     headers = {"x-request-id": job.id}
     watch = DisconnectWatch(request, worker, job)
     try:
-        kind, value = await job.events.get()
+        kind, value = await _next(job, timer)
         if kind == "started":
-            kind, value = await job.events.get()
+            kind, value = await _next(job, timer)
         if body.stream and kind in ("piece", "done"):  # "done" first: an empty completion
             await watch.stop()
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             chunks = ChunkMaker(job.id, body.model, created, chat=job.chat, include_usage=include_usage)
             return StreamingResponse(
-                _events(job, worker, (kind, value), chunks),
+                _events(job, worker, (kind, value), chunks, timer),
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache"},
             )
         while kind == "piece":
-            kind, value = await job.events.get()
+            kind, value = await _next(job, timer)
         if kind == "failed":
             raise value
         if kind == "aborted":
@@ -92,7 +96,16 @@ async def respond(
         await watch.stop()
 
 
-async def _events(job: GenerationJob, worker: EngineWorker, first: Event, chunks: ChunkMaker) -> AsyncIterator[bytes]:
+async def _next(job: GenerationJob, timer: StreamTimer) -> Event:
+    """The job's next event, timed as it reaches the event loop."""
+    kind, value = await job.events.get()
+    timer.saw(kind, value)
+    return kind, value
+
+
+async def _events(
+    job: GenerationJob, worker: EngineWorker, first: Event, chunks: ChunkMaker, timer: StreamTimer
+) -> AsyncIterator[bytes]:
     """Server-sent events: one chunk per piece, a finishing chunk, the usage chunk, [DONE].
 
     When the client goes away Starlette cancels this generator; its ``finally`` cancels the
@@ -104,7 +117,7 @@ async def _events(job: GenerationJob, worker: EngineWorker, first: Event, chunks
         kind, value = first
         while kind == "piece":
             yield chunks.piece(value)
-            kind, value = await job.events.get()
+            kind, value = await _next(job, timer)
         if kind == "done":
             result: Generation = value
             yield chunks.piece(None if chunks.chat else "", finish_reason=result.finish_reason)

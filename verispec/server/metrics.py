@@ -8,9 +8,19 @@ pass commits past them. Per-position counters are labelled with the draft positi
 The governor's decisions (``--k auto``): rounds by the k it chose (0 = a plain step),
 its probes after a plain back-off, its shadow drafts in plain rounds, and each
 generation's measured cost of a drafted round in plain decode steps.
+
+Latency as a client sees it, timed on the event loop as a job's events arrive there
+(``StreamTimer``): *time to first token* from a request's submission to its first piece of
+text, *inter-piece latency* between consecutive pieces of one request (a *piece* is the text
+one round committed, one token or several, sent as one streamed chunk), and *queue time*
+from submission to the worker starting the job. The batch scheduler reports each forward
+pass through ``observe_step``: how many requests it stepped together and how many rows
+(pending tokens plus drafts) the pass verified.
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
@@ -18,6 +28,10 @@ from verispec.stats import RequestStats
 
 COST_STEP_BUCKETS = (1.0, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Per-piece latencies of a request: 1 ms (a piece already waiting) to 60 s (a long queue).
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+ROWS_PER_STEP_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
 PREFILL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -89,6 +103,43 @@ class Metrics:
         )
         self.queue_depth = Gauge("verispec_queue_depth", "requests admitted and waiting for the engine", registry=r)
         self.running = Gauge("verispec_running_requests", "requests the engine is generating for now", registry=r)
+        self.time_to_first_token = self._histogram(
+            "verispec_time_to_first_token_seconds",
+            "per request that produced text: time from its submission to its first piece of text",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.inter_piece_latency = self._histogram(
+            "verispec_inter_piece_latency_seconds",
+            "per streamed piece after a request's first: the gap since its previous piece "
+            "(a piece is one round's text, one or more tokens: the wait a streaming client sees between chunks)",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.queue_time = self._histogram(
+            "verispec_queue_seconds",
+            "per started request: time from its submission to the engine starting it",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.batch_size = self._histogram(
+            "verispec_batch_size",
+            "per forward pass of the batch scheduler: the requests stepped together in it",
+            BATCH_SIZE_BUCKETS,
+        )
+        self.rows_per_step = self._histogram(
+            "verispec_rows_per_step",
+            "per forward pass of the batch scheduler: its rows "
+            "(every request's pending token, drafts and prefill chunk)",
+            ROWS_PER_STEP_BUCKETS,
+        )
+
+    def _histogram(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, documentation, buckets=buckets, registry=self.registry)
+
+    def observe_step(self, requests: int, rows: int) -> None:
+        """One forward pass of the batch scheduler: ``requests`` stepped together in ``rows`` rows."""
+        if requests < 1 or rows < requests:
+            raise ValueError(f"a step has at least one request and a row per request, got {requests} and {rows}")
+        self.batch_size.observe(requests)
+        self.rows_per_step.observe(rows)
 
     def observe_generation(self, stats: RequestStats, prompt_tokens: int, completion_tokens: int) -> None:
         if stats.prompt_tokens > 0:  # the prefill ran (a generation stopped early may not have got there)
@@ -113,3 +164,28 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StreamTimer:
+    """Times one job's events as the event loop receives them (the latency its client sees).
+
+    Created when the job is submitted; ``saw`` is called with every event taken from the
+    job's queue. A job that ends without text (an empty completion, a failure, an abort)
+    observes no time to first token: there was no first token to wait for.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.submitted = time.perf_counter()
+        self.last_piece: float | None = None
+
+    def saw(self, kind: str, value: object) -> None:
+        now = time.perf_counter()
+        if kind == "started":
+            self.metrics.queue_time.observe(now - self.submitted)
+        elif kind == "piece" and value:
+            if self.last_piece is None:
+                self.metrics.time_to_first_token.observe(now - self.submitted)
+            else:
+                self.metrics.inter_piece_latency.observe(now - self.last_piece)
+            self.last_piece = now
