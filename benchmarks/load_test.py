@@ -112,12 +112,6 @@ def _report(results: Results, wall: float, args: argparse.Namespace) -> dict[str
     ok = len(results.latencies)
     total = sum(results.statuses.values())
     latencies = sorted(results.latencies)
-
-    def percentile(q: float) -> float | None:
-        if not latencies:
-            return None
-        return latencies[min(len(latencies) - 1, round(q * (len(latencies) - 1)))]
-
     spec = results.speculative
     return {
         "clients": args.clients,
@@ -129,14 +123,22 @@ def _report(results: Results, wall: float, args: argparse.Namespace) -> dict[str
         "errors": total - ok,  # any status but 200, transport errors, and requests unfinished after --grace
         "statuses": dict(results.statuses),
         "requests_per_s": round(ok / wall, 3) if wall else 0.0,
-        "latency_p50_s": percentile(0.50),
-        "latency_p95_s": percentile(0.95),
-        "latency_p99_s": percentile(0.99),
+        "latency_p50_s": percentile(latencies, 0.50),
+        "latency_p95_s": percentile(latencies, 0.95),
+        "latency_p99_s": percentile(latencies, 0.99),
         "latency_mean_s": statistics.fmean(latencies) if latencies else None,
         "generated_tokens_per_s": round(results.completion_tokens / wall, 2) if wall else 0.0,
         "acceptance_rate": spec["accepted"] / spec["offered"] if spec["offered"] else 0.0,
         "tokens_per_round": (spec["accepted"] + spec["bonus"]) / spec["rounds"] if spec["rounds"] else 0.0,
     }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _prompts(path: str | None) -> list[str]:
@@ -158,34 +160,64 @@ def _check_loopback(url: str) -> None:
         sys.exit(f"load_test: refusing {url}: loopback addresses only")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    command = [sys.executable, "-m", "verispec.cli", "serve", "--port", str(port), "--max-queue", str(args.max_queue)]
-    for option in ("model", "dtype", "drafter", "k"):
-        value = getattr(args, option)
+def verispec_command(port: int, options: dict[str, Any]) -> list[str]:
+    """``verispec serve`` on loopback ``port``; ``options`` maps option names to values (None: the default)."""
+    command = [sys.executable, "-m", "verispec.cli", "serve", "--port", str(port)]
+    for option, value in options.items():
         if value is not None:
-            command += [f"--{option}", str(value)]
-    log = open(args.server_log, "wb") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
+            command += [f"--{option.replace('_', '-')}", str(value)]
+    return command
+
+
+def launch(
+    name: str, command: list[str], ready_url: str, log_path: str | None, timeout: float = 900.0
+) -> subprocess.Popen[bytes]:
+    """Start server ``name`` and wait until ``ready_url`` answers 200; exits (with the end of
+    its log, when one is kept) if the process ends first or is not ready within ``timeout``."""
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            sys.exit(f"load_test: the server exited with {process.returncode}")
+            sys.exit(f"{name}: the server exited with {process.returncode} before it was ready{_log_tail(log_path)}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
+            if httpx.get(ready_url, timeout=2).status_code == 200:
+                return process
         except httpx.TransportError:
             pass
         time.sleep(0.5)
     process.kill()
-    sys.exit("load_test: the server did not become ready")
+    sys.exit(f"{name}: the server was not ready after {timeout:.0f} s{_log_tail(log_path)}")
+
+
+def _log_tail(log_path: str | None) -> str:
+    if not log_path:
+        return " (its output was not kept)"
+    with open(log_path, "rb") as handle:
+        return f"; the end of {log_path}:\n" + handle.read()[-3000:].decode(errors="replace")
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server drains), then a kill if it has not ended within two minutes."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    options = {name: getattr(args, name) for name in ("model", "dtype", "drafter", "k", "max_queue")}
+    url = f"http://127.0.0.1:{port}"
+    return launch("load_test", verispec_command(port, options), url + "/health", args.server_log), url
 
 
 def main() -> None:
@@ -225,8 +257,7 @@ def main() -> None:
         report = asyncio.run(run_load(url, model, args, api_key))
     finally:
         if process is not None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(120)
+            stop_server(process)
     report["model"] = model
     print(json.dumps(report, indent=2))
     if args.json:

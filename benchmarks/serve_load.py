@@ -1,0 +1,457 @@
+"""Streaming load benchmark: verispec with and without speculation against llama.cpp's server.
+
+At each concurrency point (``--concurrency 1,4,16``) that many streaming chat clients send
+dev prompts back to back (greedy, ``--max-tokens`` each) for ``--duration`` seconds; requests
+still running then get ``--grace`` seconds to finish before they are abandoned (counted as
+errors, "unfinished"). Servers, each a subprocess on a free loopback port, started once
+before the first point and stopped after the last (an idle server uses no CPU):
+
+    verispec   verispec serve --drafter lookup --k auto   (speculation on, the governor picks k)
+    plain      verispec serve --drafter none              (no speculation)
+    llamacpp   python -m llama_cpp.server on the same GGUF file, --n_ctx 4096, with the thread
+               count verispec uses (needs llama-cpp-python[server])
+
+Within one point the servers run one after another for the same duration: they cannot be
+interleaved, since each needs the machine to itself while it is measured. The order rotates
+from point to point so that drift of the machine (heat, other load) spreads over all.
+
+Reported per server and point, over the requests that finished:
+    tok/s       completion tokens of finished requests / the point's wall time (send + grace)
+    TTFT        time to first token: from sending a request to its first chunk with text
+    ITL         inter-chunk latency: the gap between consecutive chunks with text of one request,
+                per chunk (a verispec chunk holds one round's tokens, so tok/chunk is reported too)
+    tok/chunk   completion tokens / chunks with text
+Completion tokens come from the usage chunk (``stream_options.include_usage``); llama-cpp-python
+sends none, so its streamed text is counted with the model's tokenizer after the point ends.
+
+Writes ``results.json``, ``table.md`` and ``serve_load.png`` (tok/s and p95 TTFT against
+concurrency) into ``--out``; ``--replot results.json`` redraws the plot and table from a file.
+
+    .venv/bin/python benchmarks/serve_load.py                                 # 1, 4, 16 clients, 30 s each
+    .venv/bin/python benchmarks/serve_load.py --servers verispec,plain --concurrency 1,2 --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+from load_test import free_port, launch, percentile, stop_server, verispec_command
+
+from verispec import models
+from verispec.cpu import cpu_threads
+from verispec.prompts import load_prompts, round_robin
+
+SERVERS = ("verispec", "plain", "llamacpp")
+VERISPEC_OPTIONS = {"verispec": {"drafter": "lookup", "k": "auto"}, "plain": {"drafter": "none"}}
+LLAMACPP_CONTEXT = 4096
+MAX_DURATION = 600.0
+
+
+@dataclass
+class StreamRecord:
+    """One streamed chat completion as its client saw it: the arrival time of every chunk
+    with text (``perf_counter`` seconds), the text, and the usage chunk's token count."""
+
+    sent: float
+    chunk_times: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int | None = None  # None: the server sent no usage
+    error: str | None = None  # an error event inside the stream
+    done: bool = False  # "[DONE]" arrived
+
+    def feed(self, line: str, now: float) -> None:
+        """Take one line of the server-sent-event stream, received at ``now``."""
+        if not line.startswith("data:"):
+            return  # blank separators, comments, other fields
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            self.error = f"not JSON: {data[:80]!r}"
+            return
+        if not isinstance(chunk, dict):
+            self.error = f"not a JSON object: {data[:80]!r}"
+            return
+        if "error" in chunk:
+            error = chunk["error"]
+            self.error = str(error.get("code") or error.get("message")) if isinstance(error, dict) else str(error)
+            return
+        usage = chunk.get("usage")
+        if usage:
+            self.completion_tokens = int(usage["completion_tokens"])
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                self.chunk_times.append(now)
+                self.text.append(content)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.sent if self.chunk_times else None
+
+    @property
+    def gaps(self) -> list[float]:
+        return [later - earlier for earlier, later in pairwise(self.chunk_times)]
+
+
+@dataclass
+class Point:
+    """What the clients of one (server, concurrency) run saw."""
+
+    records: list[StreamRecord] = field(default_factory=list)  # finished requests
+    statuses: Counter[str] = field(default_factory=Counter)  # every request: "ok" or why not
+
+
+async def stream_one(client: httpx.AsyncClient, body: dict[str, Any], point: Point) -> None:
+    """Send one streaming chat request and record it; a 429 waits its Retry-After."""
+    record = StreamRecord(sent=time.perf_counter())
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            point.statuses[str(response.status_code)] += 1
+            if response.status_code == 429:
+                await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+            return
+        async for line in response.aiter_lines():
+            record.feed(line, time.perf_counter())
+    if record.error is not None:
+        point.statuses[f"stream error: {record.error}"] += 1
+    elif not record.done:
+        point.statuses["stream ended without [DONE]"] += 1
+    else:
+        point.statuses["ok"] += 1
+        point.records.append(record)
+
+
+async def client_loop(client: httpx.AsyncClient, next_body: Any, deadline: float, point: Point) -> None:
+    while time.monotonic() < deadline:
+        try:
+            await stream_one(client, next_body(), point)
+        except asyncio.CancelledError:  # still running when the grace period ended
+            point.statuses["unfinished"] += 1
+            raise
+        except httpx.HTTPError as error:
+            point.statuses[type(error).__name__] += 1
+
+
+async def run_point(
+    url: str, bodies: list[dict[str, Any]], clients: int, args: argparse.Namespace
+) -> tuple[Point, float]:
+    """``clients`` loops for ``args.duration`` seconds (+ grace); the point and its wall time."""
+    point = Point()
+    counter = [0]
+
+    def next_body() -> dict[str, Any]:  # the clients share one walk through the prompts
+        counter[0] += 1
+        return bodies[(counter[0] - 1) % len(bodies)]
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    timeout = httpx.Timeout(args.duration + args.grace + 30.0)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        start = time.monotonic()
+        loops = [
+            asyncio.ensure_future(client_loop(client, next_body, start + args.duration, point)) for _ in range(clients)
+        ]
+        _, late = await asyncio.wait(loops, timeout=args.duration + args.grace)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        wall = time.monotonic() - start
+    return point, wall
+
+
+def summarize(server: str, clients: int, point: Point, wall: float) -> dict[str, Any]:
+    """One row of the report; every record must have its completion tokens by now."""
+    records = point.records
+    tokens = sum(r.completion_tokens or 0 for r in records)
+    chunks = sum(len(r.chunk_times) for r in records)
+    ttfts = [t for r in records if (t := r.ttft) is not None]
+    gaps = [gap for r in records for gap in r.gaps]
+    return {
+        "server": server,
+        "concurrency": clients,
+        "wall_s": round(wall, 3),
+        "finished": len(records),
+        "errors": sum(n for status, n in point.statuses.items() if status != "ok"),
+        "statuses": dict(point.statuses),
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_p50_s": percentile(ttfts, 0.50),
+        "ttft_p95_s": percentile(ttfts, 0.95),
+        "itl_p50_s": percentile(gaps, 0.50),
+        "itl_p95_s": percentile(gaps, 0.95),
+        "itl_mean_s": statistics.fmean(gaps) if gaps else None,
+        "tokens_per_chunk": tokens / chunks if chunks else None,
+    }
+
+
+def count_missing_tokens(records: list[StreamRecord], tokenizer: Any) -> None:
+    """Fill in the completion tokens of records whose stream carried no usage, by tokenizing
+    the text they received (run after the point, so it takes no CPU from the server)."""
+    for record in records:
+        if record.completion_tokens is None:
+            record.completion_tokens = len(tokenizer("".join(record.text), add_special_tokens=False)["input_ids"])
+
+
+# --- servers --------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+    model: str  # the id its /v1/models lists, sent as the request's model
+
+
+def start(name: str, args: argparse.Namespace, gguf: Path, log_dir: Path) -> Server:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = str(log_dir / f"{name}.log")
+    if name == "llamacpp":
+        threads = str(cpu_threads())  # what verispec's backends use: the cores this process may run on
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--n_ctx", str(LLAMACPP_CONTEXT)]
+        command += ["--n_threads", threads, "--n_threads_batch", threads]
+        process = launch(name, command, url + "/v1/models", log)
+    else:
+        options = {"model": args.model, **VERISPEC_OPTIONS[name], "max_queue": args.max_queue}
+        process = launch(name, verispec_command(port, options), url + "/health", log)
+    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    return Server(name, process, url, model)
+
+
+async def warm_up(server: Server, body: dict[str, Any]) -> None:
+    """One request, untimed: a server's first request pays for loading, compiling and
+    calibrating; one that fails here stops the benchmark before anything is measured."""
+    point = Point()
+    async with httpx.AsyncClient(base_url=server.url, timeout=600.0) as client:
+        await stream_one(client, body, point)
+    if not point.records:
+        stop = dict(point.statuses)
+        sys.exit(f"serve_load: {server.name}'s first request failed ({stop}); see its log in the output folder")
+
+
+def check_llamacpp_server() -> None:
+    """Exit at once, not after the verispec runs, when llama-cpp-python's server cannot start."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import llama_cpp.server.app"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        sys.exit(
+            f"serve_load: llamacpp needs llama-cpp-python's server ({last}): pip install 'llama-cpp-python[server]'"
+        )
+
+
+def request_bodies(server: Server, prompts: list[str], max_tokens: int) -> list[dict[str, Any]]:
+    body: dict[str, Any] = {
+        "model": server.model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if server.name == "llamacpp":
+        body["repeat_penalty"] = 1.0  # its default is 1.1: greedy must be the plain argmax, as verispec's
+    return [{**body, "messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.0f}"
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+COLUMNS = (  # the report table: header, cell of a row
+    ("clients", lambda row: str(row["concurrency"])),
+    ("server", lambda row: row["server"]),
+    ("tok/s", lambda row: _fixed(row["tokens_per_s"], 1)),
+    ("TTFT p50 ms", lambda row: _ms(row["ttft_p50_s"])),
+    ("TTFT p95 ms", lambda row: _ms(row["ttft_p95_s"])),
+    ("ITL p50 ms", lambda row: _ms(row["itl_p50_s"])),
+    ("ITL p95 ms", lambda row: _ms(row["itl_p95_s"])),
+    ("tok/chunk", lambda row: _fixed(row["tokens_per_chunk"], 2)),
+    ("finished", lambda row: str(row["finished"])),
+    ("errors", lambda row: str(row["errors"])),
+)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as GitHub markdown (for BENCHMARKS.md), by concurrency, then server."""
+    lines = ["| " + " | ".join(name for name, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in sorted(rows, key=lambda r: (r["concurrency"], SERVERS.index(r["server"]))):
+        lines.append("| " + " | ".join(cell(row) for _, cell in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Total tok/s and p95 TTFT against concurrency, one line per server."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    fig, (speed, first) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for server in [s for s in SERVERS if any(r["server"] == s for r in rows)]:
+        mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["concurrency"])
+        clients = [r["concurrency"] for r in mine]
+        speed.plot(clients, [r["tokens_per_s"] for r in mine], marker="o", label=server)
+        ttft = [(r["concurrency"], r["ttft_p95_s"]) for r in mine if r["ttft_p95_s"] is not None]
+        first.plot([c for c, _ in ttft], [t for _, t in ttft], marker="o", label=server)
+    points = sorted({r["concurrency"] for r in rows})
+    for ax in (speed, first):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(points, [str(p) for p in points])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent streaming clients")
+        ax.legend(fontsize=8)
+    speed.set_ylabel("total completion tokens/s")
+    speed.set_ylim(bottom=0)
+    first.set_ylabel("p95 time to first token (s)")
+    first.set_ylim(bottom=0)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(document: dict[str, Any], directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(document["rows"])
+    (directory / "table.md").write_text(table + "\n")
+    settings = document["settings"]
+    title = f"serve load: {settings['model']}, {settings['max_tokens']} tokens, {settings['duration_s']:.0f} s a point"
+    plotted = plot(document["rows"], directory / "serve_load.png", title)
+    print(table)
+    print(f"wrote {directory / 'table.md'} and {plotted}")
+
+
+def _concurrency(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected client counts like 1,4,16, got {text!r}") from None
+    if not values or any(not 1 <= v <= 256 for v in values):
+        raise argparse.ArgumentTypeError(f"client counts must be 1..256, got {text!r}")
+    return values
+
+
+def _servers(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in SERVERS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"servers are {', '.join(SERVERS)}; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=_concurrency, default=[1, 4, 16], help="client counts (default 1,4,16)")
+    parser.add_argument("--servers", type=_servers, default=list(SERVERS), help=f"of {','.join(SERVERS)} (default all)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of sending per server and point")
+    parser.add_argument("--grace", type=float, default=60.0, help="then seconds for requests in flight to finish")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompts", default=None, help="Spec-Bench JSONL (default: the shared dev set)")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the embedded model)")
+    parser.add_argument("--max-queue", type=int, default=256, help="verispec's --max-queue")
+    parser.add_argument("--out", default="bench-results/serve_load", help="output directory")
+    parser.add_argument("--replot", default=None, help="redraw table and plot from this results.json, run nothing")
+    args = parser.parse_args()
+    if args.replot:
+        document = json.loads(Path(args.replot).read_text())
+        write_outputs(document, Path(args.out))
+        return
+    if not 0 < args.duration <= MAX_DURATION or args.grace < 0 or args.max_tokens < 1:
+        sys.exit(f"serve_load: need 0 < --duration <= {MAX_DURATION:.0f}, --grace >= 0, --max-tokens >= 1")
+    source = models.resolve(args.model)
+    if source.kind != "gguf":
+        sys.exit(f"serve_load: --model must be a GGUF file (llama.cpp serves the same file), got {source.location}")
+    if "llamacpp" in args.servers:
+        check_llamacpp_server()
+    prompts = [p.text for p in round_robin(load_prompts(args.prompts), 64)]
+    directory = Path(args.out)
+    (directory / "logs").mkdir(parents=True, exist_ok=True)
+    tokenizer = models.tokenizer_for(source) if "llamacpp" in args.servers else None
+
+    document: dict[str, Any] = {
+        "settings": {
+            "model": source.name,
+            "gguf": source.location,
+            "servers": args.servers,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "grace_s": args.grace,
+            "max_tokens": args.max_tokens,
+            "prompts": str(args.prompts or "default dev set"),
+            "max_queue": args.max_queue,
+        },
+        "environment": {"cpu_threads": cpu_threads(), "load_average_before": os.getloadavg()},
+        "rows": [],
+    }
+    servers: list[Server] = []
+    try:
+        for name in args.servers:
+            print(f"starting {name} ...", flush=True)
+            servers.append(start(name, args, Path(source.location), directory / "logs"))
+        for server in servers:
+            asyncio.run(warm_up(server, request_bodies(server, prompts[:1], args.max_tokens)[0]))
+        for index, clients in enumerate(args.concurrency):
+            shift = index % len(servers)
+            for server in servers[shift:] + servers[:shift]:  # rotated from point to point
+                row = measure(server, clients, request_bodies(server, prompts, args.max_tokens), tokenizer, args)
+                document["rows"].append(row)
+                save(document, directory)  # after every point: a run cut short keeps what it measured
+    finally:
+        for server in servers:
+            stop_server(server.process)
+    document["environment"]["load_average_after"] = os.getloadavg()
+    save(document, directory)
+    print(f"wrote {directory / 'results.json'}")
+    write_outputs(document, directory)
+
+
+def measure(
+    server: Server, clients: int, bodies: list[dict[str, Any]], tokenizer: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One point of one server: its report row (printed as it is done)."""
+    point, wall = asyncio.run(run_point(server.url, bodies, clients, args))
+    if tokenizer is not None:
+        count_missing_tokens(point.records, tokenizer)
+    row = summarize(server.name, clients, point, wall)
+    print(
+        f"{clients:>3} clients  {server.name:<9} {row['tokens_per_s']:7.1f} tok/s  "
+        f"TTFT p95 {_ms(row['ttft_p95_s'])} ms  finished {row['finished']}  errors {row['errors']}",
+        flush=True,
+    )
+    return row
+
+
+def save(document: dict[str, Any], directory: Path) -> None:
+    document["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (directory / "results.json").write_text(json.dumps(document, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The pure parts of benchmarks/serve_load.py: reading a chat stream into time to first token
+and inter-chunk gaps, token counts, percentiles, the report's rows, table and plot. The
+timestamps are given, so every figure is exact; nothing here times anything."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests import tiny
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def serve_load(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # a script beside load_test.py, which it imports
+    return importlib.import_module("serve_load")
+
+
+def _data(chunk) -> str:
+    return "data: " + (chunk if isinstance(chunk, str) else json.dumps(chunk))
+
+
+def _delta(content=None, role=None, finish=None):
+    delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
+    return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+VERISPEC_STREAM = [  # (arrival time, line): a role chunk, three pieces, finish, usage, [DONE]
+    (1.0, _data(_delta("", role="assistant"))),
+    (1.0, ""),
+    (1.2, _data(_delta("Hello"))),
+    (1.2, ""),
+    (1.5, _data(_delta(" wor"))),
+    (2.0, _data(_delta("ld!"))),
+    (2.0, _data(_delta(finish="stop"))),
+    (2.0, _data({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})),
+    (2.1, _data("[DONE]")),
+]
+
+
+def test_a_stream_gives_ttft_gaps_text_and_usage(serve_load):
+    record = serve_load.StreamRecord(sent=0.5)
+    for now, line in VERISPEC_STREAM:
+        record.feed(line, now)
+    assert record.done and record.error is None
+    assert "".join(record.text) == "Hello world!"
+    assert record.ttft == pytest.approx(0.7)  # the role chunk has no text: the first is at 1.2
+    assert record.gaps == pytest.approx([0.3, 0.5])
+    assert record.completion_tokens == 4
+
+
+def test_an_error_event_and_a_stream_without_usage(serve_load):
+    failed = serve_load.StreamRecord(sent=0.0)
+    failed.feed(_data(_delta("a")), 1.0)
+    failed.feed(_data({"error": {"message": "server shutting down", "code": "shutting_down"}}), 2.0)
+    failed.feed(_data("[DONE]"), 2.0)
+    assert failed.error == "shutting_down"
+    garbled = serve_load.StreamRecord(sent=0.0)
+    garbled.feed("data: {not json", 1.0)
+    assert garbled.error.startswith("not JSON")
+    # llama-cpp-python sends no usage chunk: the text is tokenized after the point.
+    plain = serve_load.StreamRecord(sent=0.0)
+    for now, content in ((1.0, "ab"), (2.0, "c d")):
+        plain.feed(_data(_delta(content)), now)
+    assert plain.completion_tokens is None
+    counted = serve_load.StreamRecord(sent=0.0, completion_tokens=7)
+    serve_load.count_missing_tokens([plain, counted], tiny.char_tokenizer())
+    assert (plain.completion_tokens, counted.completion_tokens) == (5, 7)  # one token a character
+
+
+def test_percentile_is_the_nearest_rank(serve_load):
+    assert serve_load.percentile([], 0.5) is None
+    assert serve_load.percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+    values = [float(v) for v in range(100, 0, -1)]
+    assert serve_load.percentile(values, 0.0) == 1.0
+    assert serve_load.percentile(values, 0.95) == 95.0
+    assert serve_load.percentile(values, 1.0) == 100.0
+
+
+def _point(serve_load):
+    first = serve_load.StreamRecord(sent=0.0, chunk_times=[1.0, 2.0, 4.0], text=["a"] * 3, completion_tokens=6)
+    second = serve_load.StreamRecord(sent=1.0, chunk_times=[4.0], text=["b"], completion_tokens=2)
+    statuses = Counter({"ok": 2, "429": 1, "unfinished": 1})
+    return serve_load.Point(records=[first, second], statuses=statuses)
+
+
+def test_summarize_pools_requests(serve_load):
+    row = serve_load.summarize("plain", 2, _point(serve_load), wall=4.0)
+    assert (row["finished"], row["errors"], row["completion_tokens"]) == (2, 2, 8)
+    assert row["tokens_per_s"] == 2.0
+    assert row["tokens_per_chunk"] == 2.0
+    assert (row["ttft_p50_s"], row["ttft_p95_s"]) == (1.0, 3.0)
+    assert (row["itl_p50_s"], row["itl_p95_s"]) == (1.0, 2.0)  # gaps 1 and 2; a one-chunk request has none
+
+
+def test_report_table_plot_and_replot(serve_load, tmp_path):
+    rows = [
+        serve_load.summarize(server, clients, _point(serve_load), wall=4.0)
+        for clients in (1, 4)
+        for server in ("llamacpp", "verispec")
+    ]
+    settings = {"model": "m", "max_tokens": 8, "duration_s": 5.0}
+    serve_load.write_outputs({"settings": settings, "rows": rows}, tmp_path)
+    table = (tmp_path / "table.md").read_text().splitlines()
+    assert table[0].startswith("| clients | server | tok/s")
+    assert [line.split(" | ")[1] for line in table[2:]] == ["verispec", "llamacpp", "verispec", "llamacpp"]
+    assert (tmp_path / "serve_load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_option_parsing_names_what_is_wrong(serve_load):
+    assert serve_load._concurrency("1,4,16") == [1, 4, 16]
+    assert serve_load._servers("plain,verispec,plain") == ["plain", "verispec"]
+    for bad in ("", "0,4", "1,x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="1,4,16|1..256"):
+            serve_load._concurrency(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="verispec, plain, llamacpp"):
+        serve_load._servers("vllm")
