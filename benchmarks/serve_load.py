@@ -60,6 +60,12 @@ LLAMACPP_CONTEXT = 4096
 MAX_DURATION = 600.0
 
 
+def _auth() -> dict[str, str]:
+    """The verispec servers inherit $VERISPEC_API_KEY (their default key): send it when set."""
+    key = os.environ.get("VERISPEC_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @dataclass
 class StreamRecord:
     """One streamed chat completion as its client saw it: the arrival time of every chunk
@@ -162,7 +168,7 @@ async def run_point(
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     timeout = httpx.Timeout(args.duration + args.grace + 30.0)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(base_url=url, headers=_auth(), limits=limits, timeout=timeout) as client:
         start = time.monotonic()
         loops = [
             asyncio.ensure_future(client_loop(client, next_body, start + args.duration, point)) for _ in range(clients)
@@ -232,7 +238,7 @@ def start(name: str, args: argparse.Namespace, gguf: Path, log_dir: Path) -> Ser
     else:
         options = {"model": args.model, **VERISPEC_OPTIONS[name], "max_queue": args.max_queue}
         process = launch(name, verispec_command(port, options), url + "/health", log)
-    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    model = httpx.get(url + "/v1/models", headers=_auth(), timeout=30).json()["data"][0]["id"]
     return Server(name, process, url, model)
 
 
@@ -240,7 +246,7 @@ async def warm_up(server: Server, body: dict[str, Any]) -> None:
     """One request, untimed: a server's first request pays for loading, compiling and
     calibrating; one that fails here stops the benchmark before anything is measured."""
     point = Point()
-    async with httpx.AsyncClient(base_url=server.url, timeout=600.0) as client:
+    async with httpx.AsyncClient(base_url=server.url, headers=_auth(), timeout=600.0) as client:
         await stream_one(client, body, point)
     if not point.records:
         stop = dict(point.statuses)
