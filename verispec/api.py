@@ -36,6 +36,7 @@ def load_engine(
     exact: bool | None = None,
     drafter_weights: str | None = None,
     weights: str = "auto",
+    slots: int = 1,
 ) -> Engine:
     """An engine for ``model`` (None: the embedded default).
 
@@ -52,7 +53,9 @@ def load_engine(
     model on the same backend for the ``model`` drafter; its vocabulary is checked when the
     drafter is built. ``drafter_weights``: a directory of trained ``head``/``block`` weights
     (default: the ones shipped for the embedded model); checked against the target when the
-    drafter is built.
+    drafter is built. ``slots``: native only, sequences the target's cache holds, so a
+    ``verispec.scheduler.Scheduler`` can run that many requests in shared passes (other
+    backends run one at a time).
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -64,7 +67,7 @@ def load_engine(
         return _load_llamacpp(model, draft_model, chat, bool(exact), drafter_weights)
     source = models.resolve(model)
     if backend == "native" or (backend == "auto" and native_covers(source)):
-        return _load_native(source, weights, device, dtype, draft_model, chat, drafter_weights)
+        return _load_native(source, weights, device, dtype, draft_model, chat, drafter_weights, slots)
     from verispec.targets.torch_target import TorchTarget, default_device, parse_dtype
 
     device = device or default_device()
@@ -108,6 +111,7 @@ def _load_native(
     draft_model: str | None,
     chat: bool | None,
     drafter_weights: str | None,
+    slots: int = 1,
 ) -> Engine:
     import time
 
@@ -118,17 +122,17 @@ def _load_native(
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device) if dtype not in (None, "auto") else None
 
-    def native(spec: models.ModelSource) -> tuple[NativeTarget, Any]:
+    def native(spec: models.ModelSource, slots: int = 1) -> tuple[NativeTarget, Any]:
         if spec.kind not in ("gguf", "dir"):
             raise ModelLoadError(f"the native backend loads GGUF files and model directories; {spec.name} is a hub id")
         tokenizer = models.tokenizer_for(spec)
         eos = models.eos_token_ids(spec, tokenizer)
         target = NativeTarget(
-            spec.kind, spec.location, spec.name, weights, device, eos_token_ids=eos, dtype=torch_dtype
+            spec.kind, spec.location, spec.name, weights, device, eos_token_ids=eos, dtype=torch_dtype, slots=slots
         )
         return target, tokenizer
 
-    target, tokenizer = native(source)
+    target, tokenizer = native(source, slots)
     options: dict[str, Any] = {"drafter_weights": drafter_weights} if drafter_weights else {}
     if draft_model is not None:
         options["draft_target"], options["draft_tokenizer"] = native(models.resolve(draft_model))

@@ -11,6 +11,11 @@ One round::
 
 The engine owns the per-request RNG (seeded from ``seed``) and the loop; drafters propose,
 targets compute, ``accept`` decides, ``stats`` counts.
+
+A request's rounds are a coroutine (``_lifecycle``) that hands its forward passes out
+(``Prefill``, ``Verify``) and gets their results back, so two drivers run the same code:
+``stream`` runs one request on the target itself, and ``verispec.scheduler.Scheduler`` steps
+many requests, each on a sequence of the target's cache, in shared forward passes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,7 @@ from verispec.detokenize import TextStream
 from verispec.drafters.base import Drafter, DrafterContext
 from verispec.drafters.registry import create_drafter
 from verispec.errors import UserError
+from verispec.governor import ALONE, Load
 from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
 from verispec.planner import AUTO, DEFAULT_K_MAX, Planner, RequestPlanner, calibrate, row_acceptance
 from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
@@ -60,7 +66,10 @@ class Generation:
 
 
 @dataclass
-class _Request:
+class Request:
+    """One request as the engine runs it: what was asked, and its state so far (``context``:
+    prompt then committed tokens; ``result`` once it has ended)."""
+
     prompt_ids: list[int]
     params: SamplingParams
     drafter: Drafter
@@ -72,6 +81,30 @@ class _Request:
     planner: RequestPlanner | None = None
     context: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    result: Generation | None = None
+    load: Load = ALONE  # the other requests sharing its next pass (set by a scheduler)
+
+
+@dataclass
+class Prefill:
+    """A request's prompt (all but its pending token) to cache; the driver may run it in chunks
+    and adds their seconds to the request's ``stats.prefill_seconds``. Resumes with None."""
+
+    ids: list[int]
+
+
+@dataclass
+class Verify:
+    """The pending token and the drafts, one verify pass; resumes with (logits, seconds,
+    rows): the seconds and the rows of the pass, which other requests may have shared."""
+
+    ids: list[int]
+
+
+# What a request's coroutine yields: a forward pass it needs, or a text piece for its consumer
+# (one per round, empty when the round completed no character, and "" between prefill chunks).
+Work = Prefill | Verify
+Steps = Generator[Work | str, Any, None]
 
 
 class GenerationStream:
@@ -176,7 +209,16 @@ class Engine:
 
     # --- requests ------------------------------------------------------------------------
 
-    def stream(
+    def stream(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **options: Any) -> GenerationStream:
+        """Start a request (``options`` as ``request`` takes them) and run it alone on the
+        target; iterate the returned stream for text pieces."""
+        request = self.request(prompt, **options)
+        stream = GenerationStream()
+        stream.stats = request.stats
+        stream._pieces = self._run(request, stream)
+        return stream
+
+    def request(
         self,
         prompt: str | Sequence[int] | Sequence[dict[str, str]],
         *,
@@ -186,11 +228,12 @@ class Engine:
         chat: bool | None = None,
         params: SamplingParams | None = None,
         **sampling: Any,
-    ) -> GenerationStream:
-        """Start a request; iterate the returned stream for text pieces.
+    ) -> Request:
+        """A checked request, ready to run (``stream`` runs it; so does a ``Scheduler``).
 
         ``k``: drafts per round, fixed, or "auto" for the economics governor, which picks
-        0..``k_max`` before every round from the measured costs and acceptance.
+        0..``k_max`` before every round from the measured costs and acceptance; ``params``
+        or the keywords of ``SamplingParams``: the sampling settings.
         """
         if k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise InvalidParameterError("k", f"must be an integer >= 0 or 'auto', got {k!r}")
@@ -204,11 +247,7 @@ class Engine:
             raise PromptError(str(error), len(prompt_ids), self.target.context_length) from error
         the_drafter = self.drafter(drafter) if isinstance(drafter, str) else drafter
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        request = _Request(prompt_ids, params, the_drafter, k, k_max, seed, TextStream(self.tokenizer, params.stop))
-        stream = GenerationStream()
-        stream.stats = request.stats
-        stream._pieces = self._run(request, stream)
-        return stream
+        return Request(prompt_ids, params, the_drafter, k, k_max, seed, TextStream(self.tokenizer, params.stop))
 
     def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **options: Any) -> Generation:
         """Run a request to the end; see ``stream`` for the options."""
@@ -218,46 +257,71 @@ class Engine:
         assert stream.result is not None
         return stream.result
 
-    def _run(self, request: _Request, stream: GenerationStream) -> Iterator[str]:
+    def _run(self, request: Request, stream: GenerationStream) -> Iterator[str]:
+        """Drive one request on the target itself: its passes run as it asks for them."""
+        with self._lock:
+            steps = self.lifecycle(request, self.target, request.drafter)
+            try:
+                result: Any = None
+                while True:
+                    try:
+                        work = steps.send(result)
+                    except StopIteration:
+                        break
+                    result = None
+                    if isinstance(work, str):
+                        yield work
+                    elif isinstance(work, Prefill):
+                        for seconds in prefill_steps(self.target, work.ids):
+                            request.stats.prefill_seconds += seconds
+                            yield ""
+                    else:
+                        start = time.perf_counter()
+                        logits = self.target.verify(work.ids)
+                        result = (logits, time.perf_counter() - start, len(work.ids))
+            finally:
+                steps.close()
+        stream.result = request.result
+
+    def lifecycle(self, request: Request, target: Target, drafter: Drafter) -> Steps:
+        """The request's coroutine on ``target`` (the engine's target, or one sequence of its
+        cache) with ``drafter`` (the request's, or one of its own for a concurrent request):
+        the rounds, then the result in ``request.result``; however it ends (finished, closed,
+        failed), the sequence's cache and the drafter are reset."""
         # A drafter trained on the target's hidden states says which ones it reads
         # (``hidden_capture``); the target keeps them from its own passes for this request.
-        capture = request.drafter.hidden_capture
-        with self._lock:
-            try:
-                if capture is not None:
-                    self.target.capture_hidden(capture)  # type: ignore[attr-defined]
-                yield from self._rounds(request)
-                if request.planner is not None:
-                    self.planner.finish(request.planner)
-            finally:
-                self.target.reset()
-                request.drafter.reset()
-                if capture is not None:
-                    self.target.capture_hidden(None)  # type: ignore[attr-defined]
-                if len(request.context) >= RELEASE_AFTER_TOKENS:
-                    release_free_memory()  # a long prompt's temporaries: see verispec/memory.py
-        stream.result = Generation(
+        capture = drafter.hidden_capture
+        try:
+            if capture is not None:
+                target.capture_hidden(capture)  # type: ignore[attr-defined]
+            yield from self._rounds(request, target, drafter)
+            if request.planner is not None:
+                self.planner.finish(request.planner)
+        finally:
+            target.reset()
+            drafter.reset()
+            if capture is not None:
+                target.capture_hidden(None)  # type: ignore[attr-defined]
+            if len(request.context) >= RELEASE_AFTER_TOKENS:
+                release_free_memory()  # a long prompt's temporaries: see verispec/memory.py
+        request.result = Generation(
             text=request.text.text,
             token_ids=request.context[len(request.prompt_ids) :],
             prompt_tokens=len(request.prompt_ids),
             finish_reason=request.finish_reason or "length",
             stats=request.stats,
             seed=request.seed,
-            drafter=request.drafter.name,
+            drafter=drafter.name,
             k=request.k,
         )
 
-    def _rounds(self, request: _Request) -> Iterator[str]:
-        target, params, stats, drafter = self.target, request.params, request.stats, request.drafter
+    def _rounds(self, request: Request, target: Target, drafter: Drafter) -> Steps:
+        params, stats = request.params, request.stats
         rng = np.random.default_rng(request.seed)
         prompt, context = request.prompt_ids, request.context
         context.extend(prompt)
         stats.prompt_tokens = len(prompt)
-        for seconds in prefill_steps(target, prompt[:-1]):
-            stats.prefill_seconds += seconds
-            # Between prefill chunks too, a consumer gets control back (to stop a request whose
-            # client left while a long prompt was being read).
-            yield ""
+        yield Prefill(prompt[:-1])
         drafter.begin(prompt, params)
         planner = request.planner = self.planner.begin(
             drafter,
@@ -274,18 +338,21 @@ class Engine:
                 request.finish_reason = "length"
                 break
             t0 = time.perf_counter()
-            draft = planner.plan(context, room, rng).draft
+            draft = planner.plan(context, room, rng, request.load).draft
             t1 = time.perf_counter()
-            logits = target.verify([context[-1], *draft.tokens])
+            logits, verify_seconds, verify_rows = yield Verify([context[-1], *draft.tokens])
+            t2 = time.perf_counter()
             target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
             uniforms = rng.random(2 * len(draft.tokens) + 1)
             verdict = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
-            t2 = time.perf_counter()
+            # The verify's cost: its pass (shared with other requests under a scheduler) and the rule.
+            verify_s = verify_seconds + time.perf_counter() - t2
 
             committed = self._commit(request, [*draft.tokens[: verdict.accepted], verdict.token])
             accepted = min(verdict.accepted, committed)
-            stats.observe(len(draft.tokens), accepted, int(committed == verdict.accepted + 1), t1 - t0, t2 - t1)
-            planner.observe(len(draft.tokens), verdict.accepted, t1 - t0, t2 - t1, row_acceptance(target_probs[0]))
+            stats.observe(len(draft.tokens), accepted, int(committed == verdict.accepted + 1), t1 - t0, verify_s)
+            shadow = row_acceptance(target_probs[0])
+            planner.observe(len(draft.tokens), verdict.accepted, t1 - t0, verify_s, shadow, verify_rows)
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 drafter.observe(context, accepted)
@@ -296,7 +363,7 @@ class Engine:
         if tail:
             yield tail
 
-    def _commit(self, request: _Request, tokens: list[int]) -> int:
+    def _commit(self, request: Request, tokens: list[int]) -> int:
         """Append tokens until one ends the sequence; returns how many were committed."""
         eos = self.target.eos_token_ids
         limit = len(request.prompt_ids) + request.params.max_tokens

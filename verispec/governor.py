@@ -30,6 +30,14 @@ estimates, and the memory its starts, per source. Replayed over the 65 dev promp
 math_reasoning from 0.983 to 1.003 and overall from 1.038 to 1.045. Verifying a prefix of a
 proposal is lossless whatever its length: the cut depends on the drafter's side alone.
 
+Batches: where requests share forward passes (``verispec.scheduler``), a request's drafts
+are rows every request of the pass waits for. With ``load`` (the other requests' rows in the
+pass, and the tokens they are expected to commit in it), a round of k drafts is priced for the
+batch: it yields ``(S + E(k)) / (S + 1)`` times the batch's plain tokens for
+``(k c + r(R + 1 + k)) / r(R + 1)`` of its plain passes, R and S the others' rows and tokens,
+so k shrinks as load grows and drafting stops where it would lower the batch's throughput.
+Alone (R = S = 0) this is the formula above. Verify timings then count for the pass's rows.
+
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
 output distribution, is untouched.
 
@@ -191,6 +199,18 @@ class CostModel:
         return max(1.0, seconds / self.verify(1))
 
 
+@dataclass(frozen=True)
+class Load:
+    """The other requests of the next forward pass: their rows, and the tokens they are
+    expected to commit in it (their recent tokens per pass)."""
+
+    rows: int = 0
+    tokens: float = 0.0
+
+
+ALONE = Load()
+
+
 @dataclass
 class Decision:
     k: int
@@ -279,6 +299,7 @@ class Governor:
         self.last_was_probe = False
         self.plain_by_governor = 0
         self.probes = 0
+        self.load = ALONE  # the batch the next round shares a pass with (set by the planner)
 
     def estimates(self, source: Source = None) -> Estimates:
         if source not in self.sources:
@@ -294,8 +315,13 @@ class Governor:
         first = estimates.expected(1)[0]
         if 1.0 + self.k_max * first < MIN_GAIN:
             return best
+        load, costs = self.load, self.costs
+        plain = costs.verify(load.rows + 1)
         for k in range(1, self.k_max + 1):
-            speed = rounds.expected_tokens_positional(estimates.expected(k)) / self.costs.round_steps(k)
+            verify = costs.verify(load.rows + 1 + k)
+            cost = max(1.0, rounds.round_cost_steps(k, costs.draft_seconds_per_token, verify) / plain)
+            gain = (load.tokens + rounds.expected_tokens_positional(estimates.expected(k))) / (load.tokens + 1.0)
+            speed = gain / cost
             if speed > best.predicted_speedup:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
@@ -340,9 +366,12 @@ class Governor:
         extra = self.costs.round_steps(min(PROBE_K, self.k_max)) - 1.0
         return max(MAX_BACKOFF, math.ceil(extra / PROBE_BUDGET))
 
-    def observe(self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def observe(
+        self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float, rows: int | None = None
+    ) -> None:
         """What the round did: drafts offered (from the source ``next_k`` was given), the
-        accepted prefix, and its timings."""
+        accepted prefix, and its timings; ``rows``: of the verify pass, where other requests
+        shared it (default: the round's own, offered + 1)."""
         if self.last_was_probe and offered == 0:
             # The drafter had nothing to offer: a plain step that examined nothing. The
             # probe is still due, and the back-off must not grow on no evidence.
@@ -359,7 +388,7 @@ class Governor:
             estimates.update(i, 1.0 if i < accepted else 0.0, weight)
         estimates.drift(min(accepted + 1, offered))
         if self.adapt_costs:
-            self.costs.observe_verify(offered + 1, verify_seconds)
+            self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
             self.costs.observe_draft(offered, draft_seconds)
 
     def observe_shadow(self, acceptance: float) -> None:

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from verispec.accept import accept_chain, acceptance_probability
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter
-from verispec.governor import PROBE_K, AcceptanceMemory, CostModel, Decision, Governor
+from verispec.governor import ALONE, PROBE_K, AcceptanceMemory, CostModel, Decision, Governor, Load
 from verispec.sampling import SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target
@@ -72,10 +72,13 @@ class RequestPlanner:
         self.governor = governor
         self._shadow = NO_DRAFT  # the last plan's shadow draft
 
-    def plan(self, context: Sequence[int], room: int, rng: np.random.Generator) -> Plan:
+    def plan(self, context: Sequence[int], room: int, rng: np.random.Generator, load: Load = ALONE) -> Plan:
         """The next round after ``context``, which has room for ``room`` more tokens (a round
-        commits up to its drafts + 1)."""
+        commits up to its drafts + 1); ``load``: the other requests sharing its forward pass
+        (ignored by a reproducible request, whose k schedule must not depend on its neighbours)."""
         governor, drafter = self.governor, self.drafter
+        if governor is not None and governor.adapt_costs:
+            governor.load = load
         if governor is None:
             k = min(self.fixed_k, room - 1)
             plan = Plan(k, prefix(drafter.propose(context, k, rng), k) if k > 0 else NO_DRAFT)
@@ -104,15 +107,17 @@ class RequestPlanner:
         draft_seconds: float,
         verify_seconds: float,
         shadow_acceptance: ShadowAcceptance | None = None,
+        verify_rows: int | None = None,
     ) -> None:
         """What the planned round did: the drafts verified, the prefix the rule accepted (its
         own verdict, not the committed count: a stop inside the kept prefix says nothing about
         the drafter), the timings, and, needed when the plan had a shadow draft, how likely the
-        rule would have accepted a draft's first token at the round's first position."""
+        rule would have accepted a draft's first token at the round's first position;
+        ``verify_rows``: the rows of a verify pass shared with other requests."""
         governor = self.governor
         if governor is None:
             return
-        governor.observe(offered, accepted, draft_seconds, verify_seconds)
+        governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows)
         if self._shadow.tokens:
             if shadow_acceptance is None:
                 raise ValueError("a round with a shadow draft needs its acceptance at the first position")

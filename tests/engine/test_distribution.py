@@ -279,3 +279,68 @@ def test_every_setting_moves_the_law(tiny_engine, penalised_law):
 @pytest.mark.parametrize(("drafter", "k"), [("lookup", 3), ("wrong", 3)])
 def test_engine_output_follows_the_independent_penalised_law(tiny_engine, penalised_law, drafter, k, request):
     check_follows(tiny_engine, penalised_law, drafter, k, request, runs=N_RUNS_PENALISED, params=PENALISED)
+
+
+# --- requests stepped together by the scheduler --------------------------------------------
+
+N_RUNS_BATCHED = 1000  # per arm; tolerance(1000) = 0.085, as for the penalised arms
+BATCHED_ARMS = [("lookup", 3, PARAMS), ("wrong", 3, PENALISED), ("model", 3, PARAMS), ("none", 0, PENALISED)]
+
+
+@pytest.fixture(scope="module")
+def sequences_engine(tiny_dir, draft_dir):
+    """The tiny target on the native kernels with 9 sequences (8 requests stepped together)."""
+    from verispec.api import load_engine
+
+    return load_engine(str(tiny_dir), backend="native", draft_model=str(draft_dir), slots=9)
+
+
+def test_requests_stepped_together_follow_their_laws(sequences_engine):
+    # Four arms interleaved in one scheduler, 8 requests at a time: request i is arm i % 4
+    # with seed i // 4, so every pass mixes drafters (the draft model's requests take turns:
+    # it cannot fork) and sampling settings, and each arm's outcomes must follow its own law.
+    from verispec.scheduler import Scheduler
+
+    engine = sequences_engine
+    scheduler = Scheduler(engine, max_running=8)
+    laws = {id(params): law_of(engine, params) for _, _, params in BATCHED_ARMS}
+    pending = []
+    for i in range(N_RUNS_BATCHED * len(BATCHED_ARMS)):
+        drafter, k, params = BATCHED_ARMS[i % len(BATCHED_ARMS)]
+        pending.append(
+            (
+                i % len(BATCHED_ARMS),
+                engine.request(PROMPT, drafter=drafter, k=k, seed=i // 4, max_tokens=TOKENS, **params),
+            )
+        )
+    counts = [dict() for _ in BATCHED_ARMS]
+    offered = [0] * len(BATCHED_ARMS)
+    accepted = [0] * len(BATCHED_ARMS)
+    running, widest = [], 0
+    while pending or running:
+        while pending and scheduler.can_start(pending[0][1]):
+            arm, request = pending.pop(0)
+            running.append((arm, scheduler.start(request)))
+        widest = max(widest, scheduler.step().requests)
+        for arm, run in [item for item in running if item[1].finished]:
+            running.remove((arm, run))
+            assert run.error is None and run.result is not None
+            key = tuple(run.result.token_ids)
+            counts[arm][key] = counts[arm].get(key, 0) + 1
+            offered[arm] += run.stats.offered
+            accepted[arm] += run.stats.accepted
+    assert widest >= 4  # passes held at least four requests
+    tol = tolerance(N_RUNS_BATCHED)
+    for arm, (drafter, k, params) in enumerate(BATCHED_ARMS):
+        pvalue, deviation, cells = compare(counts[arm], laws[id(params)], runs=N_RUNS_BATCHED)
+        print(
+            f"\n  batched ({widest} requests a pass at most), {drafter} k={k}, {params}: N={N_RUNS_BATCHED}, "
+            f"{cells} cells, chi2 p={pvalue:.3g} (> {CHI2_ALPHA}), max|f-p|={deviation:.4f} (tol {tol:.4f}), "
+            f"acceptance {accepted[arm]}/{offered[arm]}"
+        )
+        if drafter == "wrong":
+            assert offered[arm] > 0 and accepted[arm] == 0
+        elif drafter != "none":
+            assert offered[arm] > 0 and 0 < accepted[arm] < offered[arm]
+        assert pvalue > CHI2_ALPHA
+        assert deviation <= tol

@@ -35,9 +35,9 @@ GENERATED = ("verispec_generated_tokens_total", ())
 
 @pytest.fixture(scope="module")
 def queued(chat_dir, tmp_path_factory):
-    """A server that admits one waiting request besides the running one."""
+    """A server that runs two requests at once and admits one waiting request besides them."""
     log = tmp_path_factory.mktemp("logs") / "queued.log"
-    process = ServerProcess(chat_dir, log, "--max-queue", "1")
+    process = ServerProcess(chat_dir, log, "--max-queue", "1", "--max-running", "2")
     try:
         yield process.wait_ready()
     finally:
@@ -47,9 +47,10 @@ def queued(chat_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def unqueued(chat_dir, tmp_path_factory):
-    """A server with no waiting room: a request runs if the engine is free, else 429."""
+    """A server with no waiting room and one request at a time: a request runs if the engine
+    is free, else 429."""
     log = tmp_path_factory.mktemp("logs") / "unqueued.log"
-    process = ServerProcess(chat_dir, log, "--max-queue", "0")
+    process = ServerProcess(chat_dir, log, "--max-queue", "0", "--max-running", "1")
     try:
         yield process.wait_ready()
     finally:
@@ -129,9 +130,14 @@ def test_concurrent_seeded_streams_equal_the_same_requests_alone(server):
 def test_queue_full_gives_429_with_retry_after(queued):
     url = queued.url + "/v1/completions"
     waiting: list[httpx.Response] = []
-    with httpx.stream("POST", url, json={"model": queued.model, **LONG}, timeout=60) as running:
-        lines = running.iter_lines()
+    body = {"model": queued.model, **LONG}
+    with (
+        httpx.stream("POST", url, json=body, timeout=60) as running,
+        httpx.stream("POST", url, json=body, timeout=60) as beside,
+    ):
+        lines, other = running.iter_lines(), beside.iter_lines()
         first_token(lines)
+        first_token(other)  # both stream at once: --max-running 2
         thread = threading.Thread(
             target=lambda: waiting.append(
                 httpx.post(url, json={"model": queued.model, "prompt": "abc", "max_tokens": 2}, timeout=60)
@@ -143,9 +149,9 @@ def test_queue_full_gives_429_with_retry_after(queued):
         error = assert_error_shape(refused, 429)
         assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
         assert int(refused.headers["Retry-After"]) >= 1
-        assert queued.gauge("verispec_running_requests") == 1
-        del lines
-    # Leaving the stream aborts the running request; the waiting one then runs.
+        assert queued.gauge("verispec_running_requests") == 2
+        del lines, other
+    # Leaving the streams aborts the running requests; the waiting one then runs.
     thread.join(30)
     assert waiting and waiting[0].status_code == 200
 
@@ -227,17 +233,18 @@ def raw_post(server, body: dict) -> socket.socket:
 def test_non_streaming_clients_that_leave_free_their_slot_and_their_place_in_the_queue(queued):
     body = {"model": queued.model, **LONG, "stream": False}
     before = queued.metrics()
-    running = raw_post(queued, body)
-    wait_for(lambda: queued.gauge("verispec_running_requests") == 1)
+    running = [raw_post(queued, body), raw_post(queued, body)]  # --max-running 2
+    wait_for(lambda: queued.gauge("verispec_running_requests") == 2)
     waiting = raw_post(queued, body)
     wait_for(lambda: queued.gauge("verispec_queue_depth") == 1)
     waiting.close()
     wait_for(lambda: queued.gauge("verispec_queue_depth") == 0)
-    assert queued.gauge("verispec_running_requests") == 1
-    running.close()
+    assert queued.gauge("verispec_running_requests") == 2
+    for client in running:
+        client.close()
     wait_for(lambda: queued.gauge("verispec_running_requests") == 0)
     after = queued.metrics()
-    # One abort, no finish: the running request stopped because its client left (not at its
-    # end), and the waiting one left the queue without starting (else it too would count).
-    assert delta(after, before, ABORTED) == 1
+    # Two aborts, no finish: the running requests stopped because their clients left (not at
+    # their end), and the waiting one left the queue without starting (else it too would count).
+    assert delta(after, before, ABORTED) == 2
     assert delta(after, before, FINISHED) == 0

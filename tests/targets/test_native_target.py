@@ -73,8 +73,8 @@ def test_a_failed_self_test_warns_and_verifies_row_by_row(tiny_dir, monkeypatch)
     reference = sequential_rows(NativeTarget("dir", tiny_dir), PROMPT, CONTINUATION)
     forward = native_decoder.KernelDecoder.forward
 
-    def drifting(self, ids, start, logits, capture=()):
-        out, hidden = forward(self, ids, start, logits, capture)
+    def drifting(self, ids, start, logits, capture=(), slot=0):
+        out, hidden = forward(self, ids, start, logits, capture, slot)
         return (out + 1e-3 if out is not None and len(ids) > 1 else out), hidden
 
     monkeypatch.setattr(native_decoder.KernelDecoder, "forward", drifting)
@@ -91,8 +91,8 @@ def test_the_self_test_catches_rows_that_differ(tiny_dir, monkeypatch):
     target = NativeTarget("dir", tiny_dir)
     forward = target.decoder.forward
 
-    def drifting(ids, start, logits, capture=()):  # a kernel whose rows change with the block
-        out, hidden = forward(ids, start, logits, capture)
+    def drifting(ids, start, logits, capture=(), slot=0):  # a kernel whose rows change with the block
+        out, hidden = forward(ids, start, logits, capture, slot)
         return (out + 1e-3 * len(ids) if out is not None else None), hidden
 
     monkeypatch.setattr(target.decoder, "forward", drifting)

@@ -8,6 +8,10 @@ Lifecycle, one line each:
 - ``observe(context, accepted)``: the round committed ``context`` (now ending with the
   bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
 - ``reset()``: forget the request.
+- ``fork(target)``: a drafter like this one for another request running at the same time
+  on ``target`` (another sequence of the same model's cache): it shares what is read-only
+  (weights, options) and owns its request's state; None where the drafter cannot run two
+  requests at once (a draft model with one cache). The scheduler asks for it.
 
 Two attributes say what a drafter needs of the engine (every drafter sets both):
 
@@ -81,6 +85,8 @@ class Drafter(Protocol):
     def observe(self, context: Sequence[int], accepted: int) -> None: ...
 
     def reset(self) -> None: ...
+
+    def fork(self, target: Any) -> Drafter | None: ...
 
 
 class DrafterError(UserError, ValueError):

@@ -36,6 +36,9 @@ class WrongDrafter:
     def reset(self) -> None:
         pass
 
+    def fork(self, target: object) -> WrongDrafter:
+        return WrongDrafter(self.token)
+
 
 def _build(context: DrafterContext) -> WrongDrafter:
     return WrongDrafter(context.option("wrong_token", context.target.vocab_size - 1))

@@ -31,6 +31,9 @@ class LookupDrafter:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.reset()
 
+    def fork(self, target: object) -> LookupDrafter:
+        return LookupDrafter(self.max_ngram, self.min_ngram)
+
     def reset(self) -> None:
         self.tokens: list[int] = []
         # n -> {n-gram: index of the token that followed its most recent occurrence}

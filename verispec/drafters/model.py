@@ -41,6 +41,9 @@ class ModelDrafter:
         self.draft.reset()
         self.cached = []
 
+    def fork(self, target: object) -> None:
+        return None  # one draft model, one cache: its requests take turns
+
     def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
         k = min(k, self.draft.context_length - len(context))
         if k <= 0:

@@ -29,6 +29,9 @@ class NoDrafter:
     def reset(self) -> None:
         pass
 
+    def fork(self, target: object) -> NoDrafter:
+        return NoDrafter()
+
 
 def _build(context: DrafterContext) -> NoDrafter:
     return NoDrafter()

@@ -16,6 +16,7 @@ keeps of the committed positions (``_add``, ``reset``, ``_drop_drafts``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -156,6 +157,14 @@ class TrainedDrafter(Generic[Net]):
 
     def reset(self) -> None:
         self.known = 0  # committed positions whose target states have been read
+
+    def fork(self: Trained, target: Any) -> Trained:
+        """The same net and shared weights, reading ``target``'s hidden states; ``reset``
+        rebinds every piece of request state, so nothing else is shared."""
+        twin = copy.copy(self)
+        twin.target = target
+        twin.reset()
+        return twin
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:

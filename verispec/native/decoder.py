@@ -1,11 +1,16 @@
 """The native decoder's forward pass, in two implementations with one interface.
 
-``forward(ids, start, logits, capture)`` runs the tokens ``ids`` at positions ``start``,
-``start + 1``, ... over the KV cache, writing their keys and values in place (the cache is
-preallocated for ``context`` positions; rolling back is the caller lowering ``start``), and
-returns ``(logits, hidden)``: float32 (len(ids), vocab) when ``logits``, and the hidden
-states ``capture`` asks for side by side, (len(ids), len(capture) * hidden) (index 0 = the
-embeddings, i = the output of layer i, layers = the final normed state).
+``forward(ids, start, logits, capture, slot)`` runs the tokens ``ids`` at positions
+``start``, ``start + 1``, ... of sequence ``slot`` over the KV cache, writing their keys and
+values in place (the cache is preallocated for ``slots`` sequences of ``context`` positions;
+rolling back is the caller lowering ``start``), and returns ``(logits, hidden)``: float32
+(len(ids), vocab) when ``logits``, and the hidden states ``capture`` asks for side by side,
+(len(ids), len(capture) * hidden) (index 0 = the embeddings, i = the output of layer i,
+layers = the final normed state).
+
+``forward_segments(segments, capture)`` runs several sequences in one pass: ``segments`` a
+list of ``Segment(slot, start, ids, logits)``; it returns the logits of the segments that
+ask for them, stacked in order (or None), and the hidden states of every row.
 
 - ``KernelDecoder``: the C++ kernels of ``csrc/decoder.cpp`` (CPU). Weights stay in their
   packed formats; every row's arithmetic is its own, so rows are bit-identical to single steps.
@@ -20,6 +25,7 @@ then x += down(silu(gate) * up) with gate, up = gate_up(norm(x)); logits = head(
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +36,17 @@ from verispec.native import formats
 from verispec.native.checkpoint import Checkpoint, CheckpointError
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # rope whose tables do not depend on length
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows of one sequence in a pass: ``ids`` at positions ``start``.. of cache slot ``slot``;
+    ``logits``: whether its rows' logits are wanted (a prefill chunk needs none)."""
+
+    slot: int
+    start: int
+    ids: list[int]
+    logits: bool
 
 
 def rope_tables(checkpoint: Checkpoint, context: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +77,9 @@ class KernelDecoder:
 
     path = "kernels"
 
-    def __init__(self, checkpoint: Checkpoint, context: int, kernels: Any) -> None:
+    def __init__(self, checkpoint: Checkpoint, context: int, kernels: Any, slots: int = 1) -> None:
         config = checkpoint.config
+        self.slots = slots
         cos, sin = rope_tables(checkpoint, context)
         self._kernels = kernels
         self._decoder = kernels.Decoder(
@@ -73,6 +91,7 @@ class KernelDecoder:
             float(config.rms_norm_eps),
             cos,
             sin,
+            slots,
         )
         for layer in checkpoint.layers:
             self._decoder.add_layer(
@@ -100,9 +119,16 @@ class KernelDecoder:
         )
 
     def forward(
-        self, ids: list[int], start: int, logits: bool, capture: tuple[int, ...] = ()
+        self, ids: list[int], start: int, logits: bool, capture: tuple[int, ...] = (), slot: int = 0
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        out, hidden = self._decoder.forward(torch.tensor(ids, dtype=torch.long), start, logits, list(capture))
+        return self.forward_segments([Segment(slot, start, ids, logits)], capture)
+
+    def forward_segments(
+        self, segments: Sequence[Segment], capture: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        ids = torch.tensor([token for segment in segments for token in segment.ids], dtype=torch.long)
+        table = torch.tensor([[s.slot, s.start, len(s.ids), int(s.logits)] for s in segments], dtype=torch.long)
+        out, hidden = self._decoder.forward_segments(ids, table, list(capture))
         return out, hidden
 
 
@@ -136,8 +162,10 @@ class TorchDecoder:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         compile: bool = False,
+        slots: int = 1,
     ) -> None:
         config = checkpoint.config
+        self.slots = slots
         self.device = torch.device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.shape = _Shape(config.num_attention_heads, config.num_key_value_heads, checkpoint.head_dim)
@@ -166,27 +194,39 @@ class TorchDecoder:
         self.embed = dense(checkpoint.embed)
         self.head = self.embed if checkpoint.head is checkpoint.embed else dense(checkpoint.head)
         self.norm = vector(checkpoint.norm)
-        shape = (len(self.layers), self.shape.kv_heads, context, self.shape.head_dim)
-        self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # Uninitialised, as the kernels' cache: a pass reads only positions its sequence wrote.
+        shape = (slots, len(self.layers), self.shape.kv_heads, context, self.shape.head_dim)
+        self.keys = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.values = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.compiled = compile
         self.compile_seconds: float | None = None
         self._layer = torch.compile(decoder_layer, dynamic=True) if compile else decoder_layer
 
+    def forward_segments(
+        self, segments: Sequence[Segment], capture: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One ``forward`` per segment: a device's matmul kernels may not keep rows invariant
+        across a batch, so sequences are not stacked here."""
+        results = [self.forward(s.ids, s.start, s.logits, capture, s.slot) for s in segments]
+        logits = [out for out, _ in results if out is not None]
+        hidden = [h for _, h in results if h is not None]
+        return (torch.cat(logits) if logits else None), (torch.cat(hidden) if hidden else None)
+
     @torch.inference_mode()
     def forward(
-        self, ids: list[int], start: int, logits: bool, capture: tuple[int, ...] = ()
+        self, ids: list[int], start: int, logits: bool, capture: tuple[int, ...] = (), slot: int = 0
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         rows = len(ids)
-        if start + rows > self.keys.shape[2]:
-            raise CheckpointError(f"positions {start}..{start + rows} exceed the context of {self.keys.shape[2]}")
+        if start + rows > self.keys.shape[3]:
+            raise CheckpointError(f"positions {start}..{start + rows} exceed the context of {self.keys.shape[3]}")
         began = time.perf_counter()
         positions = torch.arange(start, start + rows, device=self.device)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[torch.tensor(ids, device=self.device)].float()
         states = {0: x}
         for index, layer in enumerate(self.layers):
-            x = self._layer(x, layer, self.keys[index], self.values[index], cos, sin, start, self.shape, self.eps)
+            keys, values = self.keys[slot, index], self.values[slot, index]
+            x = self._layer(x, layer, keys, values, cos, sin, start, self.shape, self.eps)
             states[index + 1] = x
         final = rms_norm(x, self.norm, self.eps)
         states[len(self.layers)] = final

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from verispec.cli_args import add_model_options, k_value, model_options
+from verispec.scheduler import DEFAULT_MAX_ROWS, DEFAULT_MAX_RUNNING
 
 API_KEY_ENV = "VERISPEC_API_KEY"
 
@@ -82,7 +83,21 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-queue",
         type=_bounded_int(0),
         default=64,
-        help="requests that may wait while one runs; 0: a request runs if the engine is free, else 429 (default: 64)",
+        help="requests that may wait for room; 0: a request runs if there is room, else 429 (default: 64)",
+    )
+    http.add_argument(
+        "--max-running",
+        type=_bounded_int(1),
+        default=DEFAULT_MAX_RUNNING,
+        help="requests generated at once, stepped together in one forward pass each step (native backend; "
+        f"others run one at a time) (default: {DEFAULT_MAX_RUNNING})",
+    )
+    http.add_argument(
+        "--max-rows",
+        type=_bounded_int(1),
+        default=DEFAULT_MAX_ROWS,
+        help="rows of one forward pass: the running requests' verify rows, then prefill chunks of new prompts "
+        f"(default: {DEFAULT_MAX_ROWS})",
     )
     http.add_argument(
         "--max-body-bytes", type=_bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"
@@ -128,6 +143,8 @@ def run_serve(args: argparse.Namespace) -> int:
         k=args.k,
         api_key=args.api_key or None,
         max_queue=args.max_queue,
+        max_running=args.max_running,
+        max_rows=args.max_rows,
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
         default_max_tokens=args.default_max_tokens,
@@ -138,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
 
     def load() -> Any:
-        engine = load_engine(args.model, **model_options(args))  # type: ignore[arg-type]
+        engine = load_engine(args.model, slots=args.max_running, **model_options(args))  # type: ignore[arg-type]
         options: dict[str, Any] = {"drafter": args.drafter}
         if args.k is not None:
             options["k"] = args.k

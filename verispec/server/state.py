@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from verispec.engine import Engine
+from verispec.scheduler import DEFAULT_MAX_ROWS
 from verispec.server.metrics import Metrics
 from verispec.server.worker import EngineWorker
 
@@ -19,7 +20,9 @@ class ServerSettings:
     drafter: str | None = None
     k: int | str | None = None
     api_key: str | None = None
-    max_queue: int = 64  # requests that may wait while one runs; 0: run when free, else 429
+    max_queue: int = 64  # requests that may wait for room; 0: run if there is room, else 429
+    max_running: int = 1  # requests stepped together (a target without sequences runs one)
+    max_rows: int = DEFAULT_MAX_ROWS  # rows of one forward pass
     max_body_bytes: int = 1 << 20
     max_prompt_tokens: int | None = None  # None: the model's context is the only limit
     default_max_tokens: int = 1024  # chat requests without max_tokens (completions: OpenAI's 16)
@@ -52,6 +55,8 @@ class ServerState:
             max_prompt_tokens=settings.max_prompt_tokens,
             drafter=settings.drafter,
             k=settings.k,
+            max_running=settings.max_running,
+            max_rows=settings.max_rows,
         )
         worker.start()
         self.engine = engine

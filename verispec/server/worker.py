@@ -1,17 +1,19 @@
-"""The engine worker: one thread that runs admitted requests on the engine, one at a time.
+"""The engine worker: one thread that runs admitted requests on the engine, many at once.
 
 The event loop never touches the engine. A request becomes a ``GenerationJob``; ``submit``
 admits it into a bounded queue (or refuses it with 429), and the worker thread tokenizes,
-checks, and generates, sending events back to the job's asyncio queue:
+checks, and hands jobs in order of arrival to the engine's ``Scheduler``, which steps every
+running request in one forward pass (continuous batching; a target without sequences runs
+one at a time). After each step the worker sends each job's new text to its asyncio queue:
 
     ("started", prompt_tokens) -> ("piece", text)* -> ("done", Generation)
                                                     | ("failed", APIError) | ("aborted", reason)
 
 Cancelling a job (client gone, shutdown) sets a flag the worker checks before it starts the
-job and after every piece the engine yields, i.e. between rounds; it then closes the
-engine's stream, which resets the target, so the slot is free within one round. A job's
-last event goes out once the engine is free again, so a client that sends its next request
-on receiving it finds the engine free (``--max-queue 0`` would otherwise refuse it).
+job and after every step; it then cancels the job in the scheduler, which resets its
+sequence, so the slot is free within one step. A job's last event goes out once its slot is
+free again, so a client that sends its next request on receiving it finds room
+(``--max-queue 0`` would otherwise refuse it).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.drafters.base import DrafterError
-from verispec.engine import Engine, Generation, PromptError
+from verispec.engine import Engine, Generation, PromptError, Request
 from verispec.errors import UserError
 from verispec.models import ModelLoadError
 from verispec.sampling import InvalidParameterError, NonFiniteLogitsError, SamplingParams
+from verispec.scheduler import DEFAULT_MAX_ROWS, Running, Scheduler
 from verispec.server.errors import APIError, truncate
 from verispec.server.metrics import Metrics
 
@@ -61,6 +64,9 @@ class GenerationJob:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     state: str = "new"  # new -> waiting -> running -> finished
+    request: Request | None = None  # once tokenized and checked (by the worker)
+    running: Running | None = None  # once started in the scheduler
+    started_at: float = 0.0
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
@@ -68,8 +74,9 @@ class GenerationJob:
 
 
 class EngineWorker:
-    """Runs jobs on ``engine`` in a thread of its own, admitting at most ``max_queue`` waiting
-    (0: a job runs if the engine is free, else it is refused) and prompts of at most
+    """Runs jobs on ``engine`` in a thread of its own: up to ``max_running`` at once (in one
+    forward pass per step, at most ``max_rows`` rows), admitting at most ``max_queue`` waiting
+    (0: a job runs if there is room, else it is refused) and prompts of at most
     ``max_prompt_tokens`` (None: the context is the limit)."""
 
     def __init__(
@@ -81,6 +88,8 @@ class EngineWorker:
         max_prompt_tokens: int | None = None,
         drafter: str | None = None,
         k: int | str | None = None,
+        max_running: int = 1,
+        max_rows: int = DEFAULT_MAX_ROWS,
     ) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
@@ -90,10 +99,11 @@ class EngineWorker:
         self.max_prompt_tokens = max_prompt_tokens
         self.default_drafter = drafter
         self.default_k = k
-        self._jobs: queue.Queue[GenerationJob | None] = queue.Queue()
+        self.scheduler = Scheduler(engine, max_running=max_running, max_rows=max_rows)
+        self._wake: queue.Queue[GenerationJob | None] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting: list[GenerationJob] = []
-        self._running: GenerationJob | None = None
+        self._running: list[GenerationJob] = []
         self._service_seconds = 1.0
         self._thread = threading.Thread(target=self._loop, name="verispec-engine", daemon=True)
 
@@ -105,14 +115,14 @@ class EngineWorker:
     def stop(self, timeout: float = 5.0) -> None:
         """Abort everything and end the thread (waits up to ``timeout`` seconds)."""
         self.cancel_all()
-        self._jobs.put(None)
+        self._wake.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
     def submit(self, job: GenerationJob) -> None:
         """Admit ``job`` or raise a 429 ``APIError`` when the queue is full."""
         with self._lock:
-            free = self._running is None and not self._waiting
+            free = len(self._running) < self.scheduler.max_running and not self._waiting
             if not free and len(self._waiting) >= self.max_queue:
                 raise APIError(
                     429,
@@ -123,13 +133,15 @@ class EngineWorker:
             job.state = "waiting"
             self._waiting.append(job)
             self.metrics.queue_depth.set(len(self._waiting))
-        self._jobs.put(job)
+        self._wake.put(job)
 
     def cancel(self, job: GenerationJob) -> None:
-        """Abort ``job``: dropped if still waiting, stopped after its current round if running."""
+        """Abort ``job``: dropped if still waiting, stopped after the current step if running."""
         job.cancelled.set()
         with self._lock:
             if job.state != "waiting":
+                if job.state == "running":
+                    self._wake.put(job)  # an idle-looking worker notices at once
                 return
             self._waiting.remove(job)
             job.state = "finished"
@@ -138,7 +150,7 @@ class EngineWorker:
 
     def cancel_all(self) -> None:
         with self._lock:
-            jobs = [*self._waiting, *([self._running] if self._running else [])]
+            jobs = [*self._waiting, *self._running]
         for job in jobs:
             self.cancel(job)
 
@@ -147,79 +159,118 @@ class EngineWorker:
             return self._retry_after_locked()
 
     def _retry_after_locked(self) -> int:
-        estimate = self._service_seconds * (len(self._waiting) + 1)
+        # Jobs ahead finish max_running at a time, each taking about the mean service time.
+        estimate = self._service_seconds * (len(self._waiting) + 1) / self.scheduler.max_running
         return max(1, min(MAX_RETRY_AFTER, math.ceil(estimate)))
 
     # --- the worker thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
+            if not self._running and self._wake.get() is None:  # idle: sleep until a job or the stop
                 return
+            while not self._wake.empty():
+                if self._wake.get_nowait() is None:
+                    self._abandon_running()
+                    return
+            try:
+                self._admit()
+                if self._running:
+                    self._step()
+            except Exception:  # never let one request take the worker down
+                log.exception("unexpected failure in the engine worker")
+                self._abandon_running()
+
+    def _admit(self) -> None:
+        """Start waiting jobs in order of arrival while the scheduler has room for the next one."""
+        while True:
             with self._lock:
-                if job.state != "waiting":  # cancelled while waiting
+                if not self._waiting:
+                    return
+                job = self._waiting[0]
+            if job.request is None and not job.cancelled.is_set():
+                try:
+                    job.request = self._start(job)
+                except APIError as error:
+                    self.metrics.generations.labels(outcome="rejected").inc()
+                    self._end(job, ("failed", error), waiting=True)
                     continue
+            if job.cancelled.is_set():
+                self._end(job, ("aborted", "cancelled"), waiting=True)
+                continue
+            assert job.request is not None
+            if not self.scheduler.can_start(job.request):
+                return  # the first in line waits for room; those behind it wait for it
+            with self._lock:
                 self._waiting.remove(job)
                 job.state = "running"
-                self._running = job
+                self._running.append(job)
                 self.metrics.queue_depth.set(len(self._waiting))
-                self.metrics.running.set(1)
-            start = time.perf_counter()
-            last: Event = ("failed", APIError(500, "internal error while generating", code="internal_error"))
-            try:
-                last = self._run(job)
-            except Exception:  # never let one request take the worker down
-                log.exception("%s: unexpected failure", job.id)
-            finally:
-                elapsed = time.perf_counter() - start
-                with self._lock:
-                    job.state = "finished"
-                    self._running = None
-                    self._service_seconds += SERVICE_EMA * (elapsed - self._service_seconds)
-                    self.metrics.running.set(0)
-                job.emit(*last)
+                self.metrics.running.set(len(self._running))
+            job.started_at = time.perf_counter()
+            job.running = self.scheduler.start(job.request)
+            job.emit("started", len(job.request.prompt_ids))
 
-    def _run(self, job: GenerationJob) -> Event:
-        """Run ``job``, emitting its events but the last, which it returns."""
-        if job.cancelled.is_set():
-            return ("aborted", "cancelled")
-        try:
-            stream, prompt_tokens = self._start(job)
-        except APIError as error:
-            self.metrics.generations.labels(outcome="rejected").inc()
-            return ("failed", error)
-        job.emit("started", prompt_tokens)
-        start = time.perf_counter()
-        try:
-            for piece in stream:  # one piece per round, possibly empty
+    def _step(self) -> None:
+        report = self.scheduler.step()
+        if report.rows > 0:
+            self.metrics.observe_step(report.requests, report.rows)
+        for job in list(self._running):
+            running = job.running
+            assert running is not None
+            for piece in running.take():
                 if piece:
                     job.emit("piece", piece)
-                if job.cancelled.is_set():
-                    break
-        except NonFiniteLogitsError as error:
+            if job.cancelled.is_set() and not running.finished:
+                self.scheduler.cancel(running)
+            if running.finished:
+                self._end(job, self._outcome(job, running))
+
+    def _outcome(self, job: GenerationJob, running: Running) -> Event:
+        """The last event of a job that left the scheduler, its metrics and log line."""
+        error, result = running.error, running.result
+        if isinstance(error, NonFiniteLogitsError):
             self.metrics.generations.labels(outcome="failed").inc()
             log.error("%s failed: %s", job.id, error)
             return ("failed", APIError(500, f"the model produced invalid logits: {error}", code="non_finite_logits"))
-        except Exception as error:
+        if error is not None:
             self.metrics.generations.labels(outcome="failed").inc()
-            log.exception("%s failed", job.id)
+            log.error("%s failed", job.id, exc_info=error)
             return ("failed", APIError(500, f"generation failed: {truncate(str(error), 200)}", code="internal_error"))
-        finally:
-            stream.close()  # ends the engine's request; its finally resets the target
-        result = stream.result
+        seconds = time.perf_counter() - job.started_at
         if job.cancelled.is_set() or result is None:
             # What ran before the stop counts too: the tokens generated, the prefill.
-            stats = stream.stats
+            stats = running.stats
             self.metrics.generations.labels(outcome="aborted").inc()
             self.metrics.observe_generation(stats, stats.prompt_tokens, stats.tokens)
-            log.info("%s aborted after %d tokens (%.2f s)", job.id, stats.tokens, time.perf_counter() - start)
+            log.info("%s aborted after %d tokens (%.2f s)", job.id, stats.tokens, seconds)
             return ("aborted", "cancelled")
-        self._finish(job, result, time.perf_counter() - start)
+        self._finish(job, result, seconds)
         return ("done", result)
 
-    def _start(self, job: GenerationJob) -> tuple[Any, int]:
-        """Tokenize, check the request against the context, and start the engine's stream."""
+    def _end(self, job: GenerationJob, last: Event, waiting: bool = False) -> None:
+        with self._lock:
+            if waiting:
+                if job in self._waiting:
+                    self._waiting.remove(job)
+                self.metrics.queue_depth.set(len(self._waiting))
+            else:
+                self._running.remove(job)
+                elapsed = time.perf_counter() - job.started_at
+                self._service_seconds += SERVICE_EMA * (elapsed - self._service_seconds)
+                self.metrics.running.set(len(self._running))
+            job.state = "finished"
+        job.emit(*last)
+
+    def _abandon_running(self) -> None:
+        """Stop every running job (the worker stops, or a step failed unexpectedly)."""
+        for job in list(self._running):
+            if job.running is not None:
+                self.scheduler.cancel(job.running)
+            self._end(job, ("failed", APIError(500, "internal error while generating", code="internal_error")))
+
+    def _start(self, job: GenerationJob) -> Request:
+        """Tokenize and check the request against the context: the engine's ``Request``."""
         engine = self.engine
         if job.chat and getattr(engine.tokenizer, "chat_template", None) is None:
             raise APIError(
@@ -271,7 +322,7 @@ class EngineWorker:
         if k is not None:
             options["k"] = k
         try:
-            stream = engine.stream(ids, params=params, **options)
+            return engine.request(ids, params=params, **options)
         except InvalidParameterError as error:
             param = "speculative.k" if error.param == "k" else error.param
             raise APIError(400, str(error), param=param, code="invalid_value") from error
@@ -281,7 +332,6 @@ class EngineWorker:
             raise APIError(400, truncate(str(error), 300), param="speculative.drafter", code="invalid_value") from error
         except UserError as error:
             raise APIError(400, truncate(str(error), 300), code="invalid_value") from error
-        return stream, len(ids)
 
     def _finish(self, job: GenerationJob, result: Generation, seconds: float) -> None:
         stats = result.stats

@@ -73,6 +73,17 @@ class Target(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Pass:
+    """A sequence's part of a forward pass shared by several sequences of one target's cache
+    (a target with ``sequence(i)`` and ``run(passes)``, the native one): ``ids`` appended to
+    its cache; ``logits`` whether its rows' logits come back (a verify) or not (a prefill)."""
+
+    sequence: Any
+    ids: Sequence[int]
+    logits: bool
+
+
 def prefill_steps(target: Target, token_ids: Sequence[int]) -> Iterator[float]:
     """Prefill ``token_ids`` on ``target``, yielding the seconds of each piece as it ends.
 

@@ -10,6 +10,12 @@ ever fails. Elsewhere (CUDA), or where the kernels cannot be built, the torch pa
 
 Prefill goes through the same kernels in chunks of ``PREFILL_CHUNK`` tokens, so a long
 prompt costs memory for one chunk at a time.
+
+Sequences: the cache holds ``slots`` sequences side by side. The target itself is sequence 0
+(the Target protocol); ``sequence(i)`` is a Target for sequence i, and ``run(passes)`` runs
+passes of several sequences as one forward pass (continuous batching: the engine's
+scheduler). Rows stay bit-identical to single steps whatever shares their pass: the
+self-test checks it across two sequences too.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import torch
 
 from verispec.native import checkpoint as checkpoints
 from verispec.native import kernels
-from verispec.native.decoder import KernelDecoder, TorchDecoder
-from verispec.targets.base import HiddenCapture, Logits, TargetError
+from verispec.native.decoder import KernelDecoder, Segment, TorchDecoder
+from verispec.targets.base import HiddenCapture, Logits, Pass, TargetError
 
 DEFAULT_CONTEXT = 8192  # positions, capped by the model's trained context
 PREFILL_CHUNK = 256  # prompt tokens per forward pass while prefilling
@@ -43,7 +49,8 @@ class NativeTarget:
     CPU, bfloat16 on CUDA); compile: the torch path's layers through ``torch.compile``
     (default: on a GPU; the CPU runs the C++ kernels, which beat the compiled torch path there,
     see BENCHMARKS.md); torch_path: run the torch path on the CPU too (for comparisons; the
-    environment variable VERISPEC_NATIVE_KERNELS=0 does the same).
+    environment variable VERISPEC_NATIVE_KERNELS=0 does the same); slots: sequences the cache
+    holds (see the module docstring; a slot's pages cost memory once it runs).
     """
 
     def __init__(
@@ -58,10 +65,14 @@ class NativeTarget:
         dtype: torch.dtype | None = None,
         compile: bool | None = None,
         torch_path: bool = False,
+        slots: int = 1,
     ) -> None:
         from verispec.cpu import cpu_threads
 
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise TargetError(f"slots must be an integer >= 1, got {slots!r}")
         self.name = name
+        self.slots = slots
         start = time.perf_counter()
         try:
             self.checkpoint = checkpoints.read(source_kind, location, weights)
@@ -82,7 +93,9 @@ class NativeTarget:
         module = kernels.load() if wants_kernels else None
         try:
             if module is not None:
-                self.decoder: KernelDecoder | TorchDecoder = KernelDecoder(self.checkpoint, self._context, module)
+                self.decoder: KernelDecoder | TorchDecoder = KernelDecoder(
+                    self.checkpoint, self._context, module, slots
+                )
             else:
                 if wants_kernels:
                     warnings.warn(
@@ -91,13 +104,15 @@ class NativeTarget:
                         stacklevel=2,
                     )
                 use_compile = self.device.type == "cuda" if compile is None else compile
-                self.decoder = TorchDecoder(self.checkpoint, self._context, str(self.device), dtype, use_compile)
+                self.decoder = TorchDecoder(self.checkpoint, self._context, str(self.device), dtype, use_compile, slots)
         except checkpoints.CheckpointError as error:
             raise TargetError(str(error)) from error
         self.load_seconds = time.perf_counter() - start
-        self._length = 0
-        self._capture: HiddenCapture | None = None
-        self._last_hidden: torch.Tensor | None = None
+        # Per sequence: cached positions, the hidden states it captures and its last ones.
+        self._lengths = [0] * slots
+        self._captures: list[HiddenCapture | None] = [None] * slots
+        self._hidden: list[torch.Tensor | None] = [None] * slots
+        self._sequences = [NativeSequence(self, i) for i in range(slots)]
         self._embeddings: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
         self._fingerprint: str | None = None
@@ -141,11 +156,10 @@ class NativeTarget:
 
     @property
     def cached_tokens(self) -> int:
-        return self._length
+        return self._lengths[0]
 
     def reset(self) -> None:
-        self._length = 0
-        self._last_hidden = None
+        self._reset(0)
 
     def prefill(self, token_ids: Sequence[int]) -> None:
         for _ in self.prefill_chunks(token_ids):
@@ -154,66 +168,162 @@ class NativeTarget:
     def prefill_chunks(self, token_ids: Sequence[int]) -> Iterator[int]:
         """``prefill`` a chunk of ``PREFILL_CHUNK`` tokens at a time, yielding the positions
         cached after each (the engine lets its consumer stop a request there)."""
-        self.reset()
-        ids = list(token_ids)
-        self._check_room(len(ids))
-        keep = self._capture.prefill_rows if self._capture is not None else 0
-        if self._capture is not None:
-            self._last_hidden = torch.zeros(0, len(self._capture.layers) * self.hidden_size)
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            _, hidden = self._forward(ids[start : start + PREFILL_CHUNK], logits=False)
-            if hidden is not None and self._last_hidden is not None:
-                self._last_hidden = torch.cat([self._last_hidden, hidden])[-keep:] if keep else self._last_hidden[:0]
-            yield self._length
+        return self._prefill_chunks(0, token_ids)
 
     def verify(self, token_ids: Sequence[int]) -> Logits:
+        return self._verify(0, token_ids)
+
+    def rollback(self, length: int) -> None:
+        self._rollback(0, length)
+
+    # --- several sequences ---------------------------------------------------------------
+
+    def sequence(self, slot: int) -> NativeSequence:
+        """Sequence ``slot`` of the cache as a Target of its own (0 is this target)."""
+        if not 0 <= slot < self.slots:
+            raise TargetError(f"{self.name} holds sequences 0..{self.slots - 1}, not {slot}")
+        return self._sequences[slot]
+
+    def run(self, passes: Sequence[Pass]) -> list[Logits | None]:
+        """Run ``passes`` (each a sequence's tokens, at most one per sequence) as one forward
+        pass: each sequence's tokens are appended to its cache, and a pass that asks for
+        logits gets (len(ids), V) float32, the rows ``verify`` would give it alone (a prefill
+        chunk asks for none; its sequence's captured states are kept as prefill keeps them)."""
+        slots = [p.sequence.slot for p in passes]
+        if len(set(slots)) != len(slots):
+            raise TargetError("a pass holds at most one piece of each sequence")
+        for p in passes:
+            if p.sequence.owner is not self or not p.ids:
+                raise TargetError("each pass needs tokens of one of this target's sequences")
+            self._check_room(p.sequence.slot, len(p.ids))
+        if not self.batched_verify_exact:  # rows may not be stacked: one sequence at a time, row by row
+            return [self._pass_alone(p) for p in passes]
+        layers = sorted({i for p in passes if (c := self._captures[p.sequence.slot]) is not None for i in c.layers})
+        segments = [Segment(p.sequence.slot, self._lengths[p.sequence.slot], list(p.ids), p.logits) for p in passes]
+        logits, hidden = self.decoder.forward_segments(segments, tuple(layers))
+        results: list[Logits | None] = []
+        row = logit_row = 0
+        for p in passes:
+            slot, count = p.sequence.slot, len(p.ids)
+            self._lengths[slot] += count
+            capture = self._captures[slot]
+            if capture is not None and hidden is not None:
+                width = self.hidden_size  # this sequence's layers, out of the pass's union of layers
+                columns = [layers.index(i) * width + c for i in capture.layers for c in range(width)]
+                self._keep_hidden(slot, hidden[row : row + count][:, columns], prefill=not p.logits)
+            row += count
+            if p.logits:
+                assert logits is not None
+                results.append(logits[logit_row : logit_row + count].numpy())
+                logit_row += count
+            else:
+                results.append(None)
+        return results
+
+    def _pass_alone(self, p: Pass) -> Logits | None:
+        slot = p.sequence.slot
+        if p.logits:
+            return self._verify(slot, p.ids)
+        _, hidden = self._forward(slot, list(p.ids), logits=False)
+        if hidden is not None:
+            self._keep_hidden(slot, hidden, prefill=True)
+        return None
+
+    # --- one sequence ----------------------------------------------------------------------
+
+    def _reset(self, slot: int) -> None:
+        self._lengths[slot] = 0
+        capture = self._captures[slot]
+        # A capturing sequence starts with no states (an empty prefill leaves it so).
+        self._hidden[slot] = None if capture is None else torch.zeros(0, len(capture.layers) * self.hidden_size)
+
+    def _prefill_chunks(self, slot: int, token_ids: Sequence[int]) -> Iterator[int]:
+        self._reset(slot)
+        ids = list(token_ids)
+        self._check_room(slot, len(ids))
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            _, hidden = self._forward(slot, ids[start : start + PREFILL_CHUNK], logits=False)
+            if hidden is not None:
+                self._keep_hidden(slot, hidden, prefill=True)
+            yield self._lengths[slot]
+
+    def _keep_hidden(self, slot: int, hidden: torch.Tensor, prefill: bool) -> None:
+        """A pass's captured states: a verify pass's replace the last ones; a prefill chunk's
+        join those of earlier chunks, of which the last ``prefill_rows`` are kept."""
+        capture = self._captures[slot]
+        if capture is None:
+            return
+        if not prefill:
+            self._hidden[slot] = hidden
+            return
+        keep = capture.prefill_rows
+        before = self._hidden[slot]
+        joined = hidden if before is None else torch.cat([before, hidden])
+        self._hidden[slot] = joined[-keep:] if keep else hidden[:0]
+
+    def _verify(self, slot: int, token_ids: Sequence[int]) -> Logits:
         if not token_ids:
             raise TargetError("verify needs at least one token")
-        self._check_room(len(token_ids))
+        self._check_room(slot, len(token_ids))
         ids = list(token_ids)
         if self.batched_verify_exact:
-            logits, hidden = self._forward(ids, logits=True)
+            logits, hidden = self._forward(slot, ids, logits=True)
         else:
-            rows = [self._forward([token], logits=True) for token in ids]
+            rows = [self._forward(slot, [token], logits=True) for token in ids]
             logits = torch.cat([r[0] for r in rows])  # type: ignore[misc]
             hidden = None if rows[0][1] is None else torch.cat([r[1] for r in rows])  # type: ignore[misc]
-        self._last_hidden = hidden
+        self._hidden[slot] = hidden
         assert logits is not None
         out: Logits = logits.numpy()
         return out
 
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise TargetError(f"cannot roll back to {length}: the cache holds {self._length} positions")
-        self._length = length  # the cache is written in place: the next pass overwrites the rest
+    def _rollback(self, slot: int, length: int) -> None:
+        if not 0 <= length <= self._lengths[slot]:
+            raise TargetError(f"cannot roll back to {length}: the cache holds {self._lengths[slot]} positions")
+        self._lengths[slot] = length  # the cache is written in place: the next pass overwrites the rest
 
     def self_test(self, contexts: tuple[int, ...] = (24, 1030), rows: tuple[int, ...] = (2, 5, 9)) -> bool:
         """Do verify passes of ``rows`` rows give exactly the logits of single steps? Run at
         load on synthetic contexts (token ids spread over the vocabulary), short and past
-        1,024 keys."""
+        1,024 keys; with several sequences, also in one pass with another sequence's rows."""
         exact = True
-        capture, self._capture = self._capture, None
+        captures, self._captures = self._captures, [None] * self.slots
         for context in sorted({min(c, self._context - max(rows)) for c in contexts}):
             ids = [(7919 * i + 11) % self.vocab_size for i in range(context + max(rows))]
-            self.prefill(ids[:context])
-            single = [self._forward([token], logits=True)[0] for token in ids[context:]]
+            self._reset(0)
+            self._forward(0, ids[:context], logits=False)
+            single = [self._forward(0, [token], logits=True)[0] for token in ids[context:]]
             for count in rows:
-                self.rollback(context)
-                block, _ = self._forward(ids[context : context + count], logits=True)
+                self._rollback(0, context)
+                block, _ = self._forward(0, ids[context : context + count], logits=True)
                 assert block is not None
                 exact = exact and all(torch.equal(block[i], single[i][0]) for i in range(count))  # type: ignore[index]
-        self._capture = capture
-        self.reset()
+            if self.slots > 1:  # the same rows beside a prefill chunk and a verify of sequence 1
+                self._rollback(0, context)
+                other = [(104729 * i + 3) % self.vocab_size for i in range(context + 3)]
+                segments = [
+                    Segment(1, 0, other[:context], False),
+                    Segment(0, context, ids[context : context + max(rows)], True),
+                ]
+                block, _ = self.decoder.forward_segments(segments)
+                assert block is not None
+                exact = exact and all(torch.equal(block[i], single[i][0]) for i in range(max(rows)))  # type: ignore[index]
+                self._reset(1)
+        self._captures = captures
+        self._reset(0)
         return exact
 
-    def _check_room(self, count: int) -> None:
-        if self._length + count > self._context:
-            raise TargetError(f"{self.name}: {self._length + count} positions exceed the context {self._context}")
+    def _check_room(self, slot: int, count: int) -> None:
+        if self._lengths[slot] + count > self._context:
+            raise TargetError(
+                f"{self.name}: {self._lengths[slot] + count} positions exceed the context {self._context}"
+            )
 
-    def _forward(self, ids: list[int], logits: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        layers = self._capture.layers if self._capture is not None else ()
-        out, hidden = self.decoder.forward(ids, self._length, logits, layers)
-        self._length += len(ids)
+    def _forward(self, slot: int, ids: list[int], logits: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        capture = self._captures[slot]
+        layers = capture.layers if capture is not None else ()
+        out, hidden = self.decoder.forward(ids, self._lengths[slot], logits, layers, slot)
+        self._lengths[slot] += len(ids)
         return out, hidden
 
     # --- hidden states for trained drafters (HiddenStateTarget) --------------------------
@@ -232,15 +342,18 @@ class NativeTarget:
 
     @property
     def last_hidden(self) -> torch.Tensor | None:
-        return self._last_hidden
+        return self._hidden[0]
 
     def capture_hidden(self, capture: HiddenCapture | None) -> None:
+        self._capture_hidden(0, capture)
+
+    def _capture_hidden(self, slot: int, capture: HiddenCapture | None) -> None:
         if capture is not None and max(capture.layers) > self.num_layers:
             raise TargetError(
                 f"{self.name} has hidden states 0..{self.num_layers}; asked for layers {list(capture.layers)}"
             )
-        self._capture = capture
-        self._last_hidden = None
+        self._captures[slot] = capture
+        self._hidden[slot] = None
 
     def token_embeddings(self) -> torch.Tensor:
         if self._embeddings is None:
@@ -260,6 +373,59 @@ class NativeTarget:
         if self._fingerprint is None:
             self._fingerprint = fingerprint_of(self.checkpoint)
         return self._fingerprint
+
+
+class NativeSequence:
+    """Sequence ``slot`` of a ``NativeTarget``'s cache, as a Target (and HiddenStateTarget) of
+    its own; what belongs to the model (vocabulary, weights, embeddings) is the owner's."""
+
+    def __init__(self, owner: NativeTarget, slot: int) -> None:
+        self.owner, self.slot = owner, slot
+        self.name = owner.name
+
+    vocab_size = property(lambda self: self.owner.vocab_size)
+    context_length = property(lambda self: self.owner.context_length)
+    eos_token_ids = property(lambda self: self.owner.eos_token_ids)
+    supports_rollback = property(lambda self: True)
+    hidden_size = property(lambda self: self.owner.hidden_size)
+    num_layers = property(lambda self: self.owner.num_layers)
+    dtype = property(lambda self: self.owner.dtype)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.owner._lengths[self.slot]
+
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        return self.owner._hidden[self.slot]
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        for _ in self.prefill_chunks(token_ids):
+            pass
+
+    def prefill_chunks(self, token_ids: Sequence[int]) -> Iterator[int]:
+        return self.owner._prefill_chunks(self.slot, token_ids)
+
+    def verify(self, token_ids: Sequence[int]) -> Logits:
+        return self.owner._verify(self.slot, token_ids)
+
+    def rollback(self, length: int) -> None:
+        self.owner._rollback(self.slot, length)
+
+    def reset(self) -> None:
+        self.owner._reset(self.slot)
+
+    def capture_hidden(self, capture: HiddenCapture | None) -> None:
+        self.owner._capture_hidden(self.slot, capture)
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.owner.token_embeddings()
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.owner.lm_head_weight()
+
+    def weights_fingerprint(self) -> str:
+        return self.owner.weights_fingerprint()
 
 
 def _sliding_window(config: Any) -> int | None:

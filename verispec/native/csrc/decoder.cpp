@@ -590,13 +590,21 @@ struct Layer {
   Matrix qkv, o, gate_up, down;
 };
 
+// Rows row0 .. row0 + count of a pass: one sequence (a KV cache slot) at positions start..
+struct Segment {
+  int64_t slot, start, count, row0;
+  bool logits;
+};
+
 class Decoder {
  public:
+  // slots: sequences the KV cache holds side by side, each of the rope tables' length.
   Decoder(int64_t hidden, int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
-          at::Tensor cos, at::Tensor sin)
+          at::Tensor cos, at::Tensor sin, int64_t slots)
       : hidden_(hidden), inter_(intermediate), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
-        eps_((float)eps), cos_(cos.contiguous()), sin_(sin.contiguous()) {
+        slots_(slots), eps_((float)eps), cos_(cos.contiguous()), sin_(sin.contiguous()) {
     TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    TORCH_CHECK(slots >= 1, "slots must be >= 1");
     TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even");
     TORCH_CHECK(cos_.dim() == 2 && cos_.size(1) == head_dim / 2 && cos_.sizes() == sin_.sizes(), "bad rope tables");
     context_ = cos_.size(0);
@@ -610,9 +618,12 @@ class Decoder {
     TORCH_CHECK(down.rows == hidden_ && down.cols == inter_, "down has the wrong shape");
     layers_.push_back(Layer{attn_norm.contiguous(), ffn_norm.contiguous(), qkv, o, gate_up, down});
     auto options = at::TensorOptions().dtype(at::kShort);
-    // Keys in blocks of KEY_BLOCK positions, dimension-major inside a block (see key_at).
-    keys_.push_back(at::zeros({kv_heads_, key_blocks(), head_dim_, KEY_BLOCK}, options));
-    values_.push_back(at::zeros({kv_heads_, context_, head_dim_}, options));
+    // Keys in blocks of KEY_BLOCK positions, dimension-major inside a block (see key_at); a
+    // slot's KV heads follow the previous slot's. Left uninitialised: a pass reads only the
+    // positions its sequence wrote (the unused lanes of a last key block are scored, never
+    // used), and the pages of slots never run stay untouched, so they cost no memory.
+    keys_.push_back(at::empty({slots_ * kv_heads_, key_blocks(), head_dim_, KEY_BLOCK}, options));
+    values_.push_back(at::empty({slots_ * kv_heads_, context_, head_dim_}, options));
   }
 
   void set_output(Matrix embed, at::Tensor norm, Matrix head) {
@@ -620,13 +631,40 @@ class Decoder {
     embed_ = embed, norm_ = norm.contiguous(), head_ = head;
   }
 
-  // One forward pass over ids at positions start, start + 1, ...; returns
+  // One forward pass over ids at positions start, start + 1, ... of slot 0; returns
   // (logits [M, V] when asked, hidden states [M, len(capture) * hidden] when asked).
   std::vector<at::Tensor> forward(at::Tensor ids, int64_t start, bool logits, std::vector<int64_t> capture) {
+    TORCH_CHECK(ids.dim() == 1, "ids must be a 1-d int64 tensor");
+    auto segments = at::tensor({(int64_t)0, start, ids.size(0), (int64_t)logits}, at::kLong).view({1, 4});
+    return forward_segments(ids, segments, capture);
+  }
+
+  // One forward pass over several sequences ("segments", rows contiguous per segment):
+  // segments [S, 4] int64, each (slot, start, count, logits): ``count`` rows of ids at
+  // positions start.. of ``slot``, whose logits are returned when the flag is set. Returns
+  // (logits [rows of flagged segments, V], in segment order, or undefined when none;
+  // hidden states [M, len(capture) * hidden] when asked). A row's arithmetic is the same
+  // whatever the other segments are: batching requests keeps every row's result.
+  std::vector<at::Tensor> forward_segments(at::Tensor ids, at::Tensor segments, std::vector<int64_t> capture) {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "ids must be a 1-d int64 tensor");
+    TORCH_CHECK(segments.dim() == 2 && segments.size(1) == 4 && segments.scalar_type() == at::kLong,
+                "segments must be an (S, 4) int64 tensor");
+    segments = segments.contiguous();
     const int64_t M = ids.size(0), H = hidden_, L = (int64_t)layers_.size();
-    TORCH_CHECK(M > 0 && start >= 0 && start + M <= context_, "positions ", start, "..", start + M,
-                " exceed the context of ", context_);
+    std::vector<Segment> segs;
+    int64_t row = 0, logit_rows = 0;
+    const int64_t* sp = segments.data_ptr<int64_t>();
+    for (int64_t i = 0; i < segments.size(0); i++) {
+      Segment seg{sp[4 * i], sp[4 * i + 1], sp[4 * i + 2], row, sp[4 * i + 3] != 0};
+      TORCH_CHECK(seg.slot >= 0 && seg.slot < slots_, "slot ", seg.slot, " out of range [0, ", slots_, ")");
+      TORCH_CHECK(seg.count > 0 && seg.start >= 0 && seg.start + seg.count <= context_, "positions ", seg.start,
+                  "..", seg.start + seg.count, " exceed the context of ", context_);
+      for (const Segment& other : segs) TORCH_CHECK(other.slot != seg.slot, "slot ", seg.slot, " appears twice");
+      row += seg.count;
+      if (seg.logits) logit_rows += seg.count;
+      segs.push_back(seg);
+    }
+    TORCH_CHECK(M > 0 && row == M, "segments cover ", row, " rows but ids has ", M);
     const int64_t* tok = ids.data_ptr<int64_t>();
     for (int64_t r = 0; r < M; r++) TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.rows, "token id out of range");
     at::NoGradGuard no_grad;
@@ -648,8 +686,8 @@ class Decoder {
       const Layer& layer = layers_[l];
       rmsnorm(x.data(), layer.attn_norm.data_ptr<float>(), M, H, eps_, h.data());
       matmul(layer.qkv, h.data(), M, qkv.data(), qkv_cols, scratch);
-      rope_and_cache(qkv.data(), M, start, l);
-      attention(qkv.data(), M, start, l, attn.data());
+      for (const Segment& seg : segs) rope_and_cache(qkv.data() + seg.row0 * qkv_cols, seg, l);
+      attention(qkv.data(), segs, M, l, attn.data());
       matmul(layer.o, attn.data(), M, delta.data(), H, scratch);
       for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
       rmsnorm(x.data(), layer.ffn_norm.data_ptr<float>(), M, H, eps_, h.data());
@@ -662,9 +700,22 @@ class Decoder {
     rmsnorm(x.data(), norm_.data_ptr<float>(), M, H, eps_, h.data());
     keep(L, h.data());
     std::vector<at::Tensor> out(2);
-    if (logits) {
-      out[0] = at::empty({M, head_.rows}, at::kFloat);
-      matmul(head_, h.data(), M, out[0].data_ptr<float>(), head_.rows, scratch);
+    if (logit_rows > 0) {
+      // Only the flagged segments' rows go through the head (a prefill chunk needs none).
+      std::vector<float> picked;
+      const float* rows = h.data();
+      if (logit_rows < M) {
+        picked.resize(logit_rows * H);
+        int64_t at_row = 0;
+        for (const Segment& seg : segs)
+          if (seg.logits) {
+            std::memcpy(picked.data() + at_row * H, h.data() + seg.row0 * H, seg.count * H * 4);
+            at_row += seg.count;
+          }
+        rows = picked.data();
+      }
+      out[0] = at::empty({logit_rows, head_.rows}, at::kFloat);
+      matmul(head_, rows, logit_rows, out[0].data_ptr<float>(), head_.rows, scratch);
     }
     out[1] = captured;
     return out;
@@ -681,14 +732,16 @@ class Decoder {
   }
 
   int64_t context() const { return context_; }
+  int64_t slots() const { return slots_; }
   at::Tensor keys(int64_t layer) const { return keys_.at(layer); }
   at::Tensor values(int64_t layer) const { return values_.at(layer); }
 
  private:
   // RoPE (rotate-half layout, as transformers' Llama) on the queries and keys of each row
   // at its own position; the row's keys and values go into the cache as fp16.
-  void rope_and_cache(float* qkv, int64_t M, int64_t start, int64_t layer) {
+  void rope_and_cache(float* qkv, const Segment& seg, int64_t layer) {
     const int64_t D = head_dim_, half = D / 2, cols = (heads_ + 2 * kv_heads_) * D;
+    const int64_t M = seg.count, start = seg.start, base = seg.slot * kv_heads_;
     int16_t* kc = keys_[layer].data_ptr<int16_t>();
     int16_t* vc = values_[layer].data_ptr<int16_t>();
     for (int64_t r = 0; r < M; r++) {
@@ -708,8 +761,8 @@ class Decoder {
         const float* k = row + (heads_ + g) * D;
         const float* v = row + (heads_ + kv_heads_ + g) * D;
         for (int64_t i = 0; i < D; i++) {
-          kc[key_at(g, pos, i)] = (int16_t)float_to_fp16(k[i]);
-          vc[(g * context_ + pos) * D + i] = (int16_t)float_to_fp16(v[i]);
+          kc[key_at(base + g, pos, i)] = (int16_t)float_to_fp16(k[i]);
+          vc[((base + g) * context_ + pos) * D + i] = (int16_t)float_to_fp16(v[i]);
         }
       }
     }
@@ -717,27 +770,28 @@ class Decoder {
 
   static constexpr int64_t KEY_BLOCK = 8;  // positions per key block: one vector of scores
   int64_t key_blocks() const { return (context_ + KEY_BLOCK - 1) / KEY_BLOCK; }
-  // Index of dimension i of the key at position pos of KV head g: the keys of a block lie
+  // Index of dimension i of the key at position pos of cache head g (slot * kv_heads + KV
+  // head): the keys of a block lie
   // dimension-major, so one vector load holds dimension i of KEY_BLOCK consecutive keys and a
   // query scores KEY_BLOCK keys at once, with no horizontal sums.
   int64_t key_at(int64_t g, int64_t pos, int64_t i) const {
     return ((g * key_blocks() + pos / KEY_BLOCK) * head_dim_ + i) * KEY_BLOCK + pos % KEY_BLOCK;
   }
 
-  // Each (row, head) attends over exactly its own causal prefix of the cache. Per query:
-  // score[t] = one FMA chain over the head dimension in order (q pre-scaled), the softmax
-  // (max, exp, sum in 8 lanes), out[i] = (FMA chain over t in order of w[t] V[t][i]) / sum.
-  // The queries of one KV head run in groups (4 for many rows, else 1) that share each loaded
-  // key and value; a query's arithmetic is the same in any group, so a row's result does not
-  // depend on the other rows of its pass.
-  void attention(const float* qkv, int64_t M, int64_t start, int64_t layer, float* out) {
+  // Each (row, head) attends over exactly its own causal prefix of its slot's cache. Per
+  // query: score[t] = one FMA chain over the head dimension in order (q pre-scaled), the
+  // softmax (max, exp, sum in 8 lanes), out[i] = (FMA chain over t in order of w[t] V[t][i])
+  // / sum. The queries of one segment's KV head run in groups (4 for many rows, else 1) that
+  // share each loaded key and value; a query's arithmetic is the same in any group, so a
+  // row's result depends neither on the other rows of its segment nor on other segments.
+  void attention(const float* qkv, const std::vector<Segment>& segs, int64_t M, int64_t layer, float* out) {
     const int64_t D = head_dim_, group = heads_ / kv_heads_;
 #ifdef VS_AVX2
     if (D % 8 == 0) {
       if (M * heads_ >= 16 * at::get_num_threads())
-        attention_groups<4>(qkv, M, start, layer, out);
+        attention_groups<4>(qkv, segs, layer, out);
       else
-        attention_groups<1>(qkv, M, start, layer, out);
+        attention_groups<1>(qkv, segs, layer, out);
       return;
     }
 #endif
@@ -745,25 +799,35 @@ class Decoder {
     const float scale = 1.0f / std::sqrt((float)D);
     const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
     const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
-    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / ((start + M) * D));
+    int64_t longest = 0;
+    for (const Segment& seg : segs) longest = std::max(longest, seg.start + seg.count);
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (longest * D));
     at::parallel_for(0, M * heads_, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(start + M);
+      std::vector<float> scores(longest);
       std::vector<float> q(D);
       for (int64_t task = begin; task < end; task++) {
-        const int64_t r = task / heads_, head = task % heads_, g = head / group, keys = start + r + 1;
-        const float* query = qkv + r * cols + head * D;
+        const int64_t row = task / heads_, head = task % heads_;
+        const Segment& seg = segment_of(segs, row);
+        const int64_t g = seg.slot * kv_heads_ + head / group, keys = seg.start + (row - seg.row0) + 1;
+        const float* query = qkv + row * cols + head * D;
         for (int64_t i = 0; i < D; i++) q[i] = query[i] * scale;
         for (int64_t t = 0; t < keys; t++) {
           float acc = 0.f;
           for (int64_t i = 0; i < D; i++) acc = std::fma(q[i], fp16_to_float(kc[key_at(g, t, i)]), acc);
           scores[t] = acc;
         }
-        float* o = out + r * heads_ * D + head * D;
+        float* o = out + row * heads_ * D + head * D;
         const float inv = softmax(scores.data(), keys);
         weighted_sum_fp16(scores.data(), vc + g * context_ * D, keys, D, o);
         for (int64_t i = 0; i < D; i++) o[i] *= inv;
       }
     });
+  }
+
+  static const Segment& segment_of(const std::vector<Segment>& segs, int64_t row) {
+    size_t i = 0;
+    while (i + 1 < segs.size() && segs[i + 1].row0 <= row) i++;
+    return segs[i];
   }
 
   // exp(s - max s) in place over n scores; returns 1 / their sum.
@@ -776,33 +840,46 @@ class Decoder {
   }
 
 #ifdef VS_AVX2
-  // attention() with the queries of each KV head (row-major, then head) in groups of G, one
-  // task each; a short last group repeats its first query and drops that copy's output.
+  // attention() with the queries of each segment's KV head (row-major, then head) in groups
+  // of G, one task each; a short last group repeats its first query and drops that copy's
+  // output. Tasks are numbered segment by segment (``first_task``), all in one parallel loop.
   template <int G>
-  void attention_groups(const float* qkv, int64_t M, int64_t start, int64_t layer, float* out) {
+  void attention_groups(const float* qkv, const std::vector<Segment>& segs, int64_t layer, float* out) {
     const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D, group = heads_ / kv_heads_;
     const float scale = 1.0f / std::sqrt((float)D);
     const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
     const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
-    const int64_t per_head = M * group, tasks_per_head = (per_head + G - 1) / G;
-    const int64_t stride = (start + M + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (G * (start + M) * D));
-    at::parallel_for(0, kv_heads_ * tasks_per_head, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(G * stride), queries(G * D), dummy(D);
+    std::vector<int64_t> first_task(segs.size() + 1, 0);
+    int64_t longest = 0;
+    for (size_t s = 0; s < segs.size(); s++) {
+      first_task[s + 1] = first_task[s] + kv_heads_ * ((segs[s].count * group + G - 1) / G);
+      longest = std::max(longest, segs[s].start + segs[s].count);
+    }
+    const int64_t widest = (longest + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (G * longest * D));
+    at::parallel_for(0, first_task.back(), grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(G * widest), queries(G * D), dummy(D);
+      size_t s = 0;
       for (int64_t task = begin; task < end; task++) {
-        const int64_t g = task / tasks_per_head, first = task % tasks_per_head * G;
+        while (first_task[s + 1] <= task) s++;
+        const Segment& seg = segs[s];
+        const int64_t per_head = seg.count * group, tasks_per_head = (per_head + G - 1) / G;
+        const int64_t local = task - first_task[s], g = local / tasks_per_head, first = local % tasks_per_head * G;
         const int64_t n = std::min<int64_t>(G, per_head - first);
+        const int64_t stride = (seg.start + seg.count + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+        const int64_t cache_head = seg.slot * kv_heads_ + g;
         int64_t keys[G];
         float* outs[G];
         for (int j = 0; j < G; j++) {
-          const int64_t index = first + (j < n ? j : 0), r = index / group, head = g * group + index % group;
+          const int64_t index = first + (j < n ? j : 0), r = seg.row0 + index / group;
+          const int64_t head = g * group + index % group;
           const float* query = qkv + r * cols + head * D;
           for (int64_t i = 0; i < D; i++) queries[j * D + i] = query[i] * scale;
-          keys[j] = start + r + 1;
+          keys[j] = seg.start + (r - seg.row0) + 1;
           outs[j] = j < n ? out + r * heads_ * D + head * D : dummy.data();
         }
-        attend<G>(queries.data(), keys, kc + g * key_blocks() * D * KEY_BLOCK, vc + g * context_ * D, D, stride,
-                  scores.data(), outs);
+        attend<G>(queries.data(), keys, kc + cache_head * key_blocks() * D * KEY_BLOCK, vc + cache_head * context_ * D,
+                  D, stride, scores.data(), outs);
       }
     });
   }
@@ -906,7 +983,7 @@ class Decoder {
     }
   }
 
-  int64_t hidden_, inter_, heads_, kv_heads_, head_dim_, context_;
+  int64_t hidden_, inter_, heads_, kv_heads_, head_dim_, slots_, context_;
   float eps_;
   at::Tensor cos_, sin_, norm_;
   Matrix embed_, head_;
@@ -926,11 +1003,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scale") = py::none(), py::arg("minimum") = py::none(), py::arg("bias") = py::none());
   m.def("apply", &vs::Decoder::apply, "y = x W^T", py::call_guard<py::gil_scoped_release>());
   py::class_<vs::Decoder>(m, "Decoder")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor>())
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, int64_t>(),
+           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("eps"), py::arg("cos"), py::arg("sin"), py::arg("slots") = 1)
       .def("add_layer", &vs::Decoder::add_layer)
       .def("set_output", &vs::Decoder::set_output)
       .def("forward", &vs::Decoder::forward, py::call_guard<py::gil_scoped_release>())
+      .def("forward_segments", &vs::Decoder::forward_segments, py::call_guard<py::gil_scoped_release>())
       .def("keys", &vs::Decoder::keys)
       .def("values", &vs::Decoder::values)
-      .def_property_readonly("context", &vs::Decoder::context);
+      .def_property_readonly("context", &vs::Decoder::context)
+      .def_property_readonly("slots", &vs::Decoder::slots);
 }
