@@ -203,11 +203,14 @@ class Scheduler:
         seconds = time.perf_counter() - start
         verified = [r for r, _, logits in plan if logits]
         tokens = {r: r.stats.tokens for r in verified}
+        verify_rows = sum(len(ids) for _, ids, logits in plan if logits)
         for (running, ids, logits), out in zip(plan, results, strict=True):
             if logits:
-                # The next pass's neighbours, as this one's: the others' rows and recent tokens.
+                # The next pass's neighbours, as this one's: the others' verify rows and recent
+                # tokens. Prefill chunks are left out: they come and go, and drafts priced as
+                # cheap beside a long prompt's chunk would stay in the passes after it.
                 others = sum(r.tokens_per_pass for r in verified if r is not running)
-                running.request.load = Load(rows - len(ids), others)
+                running.request.load = Load(verify_rows - len(ids), others)
                 self._advance(running, (out, seconds, rows))
             else:
                 self._prefilled(running, len(ids), seconds)
