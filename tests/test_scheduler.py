@@ -85,8 +85,12 @@ def test_requests_stepped_together_give_what_each_gives_alone(batched, tiny_draf
         assert run.result.text == single.text and run.result.finish_reason == single.finish_reason
         if asked[i][1]["k"] != "auto":  # a governed k follows timings and memory; a fixed k, the RNG
             assert (run.stats.offered, run.stats.accepted) == (single.stats.offered, single.stats.accepted)
+    assert all(single.stats.mean_batch_size == 1.0 for single in alone)
     if neighbours:
         assert max(report.requests for report in reports) > 1  # passes did hold several requests
+        assert max(run.stats.mean_batch_size for run in runs) > 1.0  # and the requests saw it
+        first = runs[0].stats
+        assert first.mean_rows_per_pass >= first.tokens_per_round - 1e-9 and first.pass_rows > first.rounds
     drafted = sum(run.stats.offered for run in runs)
     assert drafted > 0
 

@@ -95,8 +95,8 @@ class Prefill:
 
 @dataclass
 class Verify:
-    """The pending token and the drafts, one verify pass; resumes with (logits, seconds,
-    rows): the seconds and the rows of the pass, which other requests may have shared."""
+    """The pending token and the drafts, one verify pass; resumes with (logits, seconds, rows,
+    neighbours): the pass's seconds and rows, and how many other requests shared it."""
 
     ids: list[int]
 
@@ -278,7 +278,7 @@ class Engine:
                     else:
                         start = time.perf_counter()
                         logits = self.target.verify(work.ids)
-                        result = (logits, time.perf_counter() - start, len(work.ids))
+                        result = (logits, time.perf_counter() - start, len(work.ids), 0)
             finally:
                 steps.close()
         stream.result = request.result
@@ -340,7 +340,8 @@ class Engine:
             t0 = time.perf_counter()
             draft = planner.plan(context, room, rng, request.load).draft
             t1 = time.perf_counter()
-            logits, verify_seconds, verify_rows = yield Verify([context[-1], *draft.tokens])
+            logits, verify_seconds, verify_rows, neighbours = yield Verify([context[-1], *draft.tokens])
+            stats.observe_pass(neighbours + 1, verify_rows)
             t2 = time.perf_counter()
             target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
             uniforms = rng.random(2 * len(draft.tokens) + 1)

@@ -211,7 +211,7 @@ class Scheduler:
                 # cheap beside a long prompt's chunk would stay in the passes after it.
                 others = sum(r.tokens_per_pass for r in verified if r is not running)
                 running.request.load = Load(verify_rows - len(ids), others)
-                self._advance(running, (out, seconds, rows))
+                self._advance(running, (out, seconds, rows, len(plan) - 1))
             else:
                 self._prefilled(running, len(ids), seconds)
         for running in verified:
@@ -235,7 +235,7 @@ class Scheduler:
         assert isinstance(work, Verify)
         logits = target.verify(work.ids)
         seconds = time.perf_counter() - start
-        self._advance(running, (logits, seconds, len(work.ids)))
+        self._advance(running, (logits, seconds, len(work.ids), 0))
         return StepReport(1, len(work.ids), seconds)
 
     def _prefilled(self, running: Running, tokens: int, seconds: float) -> None:

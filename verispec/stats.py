@@ -46,6 +46,26 @@ class RequestStats:
     governor_probes: int = 0
     governor_shadow_drafts: int = 0
     governor_start_acceptance: float | None = None
+    # The verify passes it shared with other requests (a scheduler's batch): summed over its
+    # rounds, the requests in each pass (itself included) and the pass's rows.
+    pass_requests: int = 0
+    pass_rows: int = 0
+
+    def observe_pass(self, requests: int, rows: int) -> None:
+        """The round's verify pass held ``requests`` requests (>= 1) and ``rows`` rows."""
+        if requests < 1 or rows < requests:
+            raise ValueError(f"impossible pass: {requests} requests, {rows} rows")
+        self.pass_requests += requests
+        self.pass_rows += rows
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Requests per verify pass, over the rounds that recorded their pass."""
+        return self.pass_requests / self.rounds if self.rounds else 0.0
+
+    @property
+    def mean_rows_per_pass(self) -> float:
+        return self.pass_rows / self.rounds if self.rounds else 0.0
 
     def observe_choice(self, k: int, probe: bool, governed: bool = True) -> None:
         """Count the k chosen for the coming round (0: decode plainly); ``governed`` False:
@@ -229,6 +249,10 @@ class RequestStats:
             "tokens_per_second": self.tokens_per_second,
             "cost_steps": self.cost_steps,
             "pays": self.pays,
+            "pass_requests": self.pass_requests,
+            "pass_rows": self.pass_rows,
+            "mean_batch_size": self.mean_batch_size,
+            "mean_rows_per_pass": self.mean_rows_per_pass,
         }
 
 
@@ -247,4 +271,6 @@ _SUMMED = (
     "governor_plain_rounds",
     "governor_probes",
     "governor_shadow_drafts",
+    "pass_requests",
+    "pass_rows",
 )

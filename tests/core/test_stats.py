@@ -104,3 +104,18 @@ def test_cost_and_pays_against_a_step_measured_elsewhere():
     assert total.pays_at(0.0146) is True and total.pays_at(0.01) is False
     assert total.cost_steps == pytest.approx(0.0365 / 0.02)  # its own plain round as the step
     assert total.predicted_speedup_at(None) is None and RequestStats().cost_steps_at(0.01) is None
+
+
+def test_passes_shared_with_other_requests_are_counted_and_add_up():
+    stats = RequestStats()
+    for requests, rows in ((1, 1), (4, 9), (16, 40)):
+        stats.observe(offered=0, accepted=0, bonus=1, draft_seconds=0.0, verify_seconds=0.01)
+        stats.observe_pass(requests, rows)
+    assert stats.mean_batch_size == pytest.approx(7.0) and stats.mean_rows_per_pass == pytest.approx(50 / 3)
+    record = stats.as_dict()
+    assert record["mean_batch_size"] == pytest.approx(7.0) and record["pass_rows"] == 50
+    assert RequestStats.from_dict(record) == stats
+    assert RequestStats.total([stats, stats]).pass_requests == 42
+    for requests, rows in ((0, 1), (3, 2)):
+        with pytest.raises(ValueError, match="impossible pass"):
+            stats.observe_pass(requests, rows)
