@@ -213,6 +213,8 @@ class Scheduler:
                 running.request.load = Load(verify_rows - len(ids), others)
                 self._advance(running, (out, seconds, rows, len(plan) - 1))
             else:
+                # A prompt read to its end starts its rounds beside this pass's requests.
+                running.request.load = Load(verify_rows, sum(r.tokens_per_pass for r in verified))
                 self._prefilled(running, len(ids), seconds)
         for running in verified:
             running.tokens_per_pass = running.stats.tokens - tokens[running]

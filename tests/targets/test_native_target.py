@@ -239,3 +239,38 @@ def test_no_warning_on_a_normal_load(tiny_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         NativeTarget("dir", tiny_dir)
+
+
+@pytest.mark.parametrize("path", ["kernels, rows not exact", "torch"])
+def test_sequences_in_one_pass_on_the_fallback_paths_equal_each_alone(tiny_dir, path):
+    # Where rows may not be stacked (a failed self-test) run() takes each sequence alone, row
+    # by row; the torch path runs each segment as its own forward. Either way: the rows of
+    # every sequence equal what it gets alone.
+    target = NativeTarget("dir", tiny_dir, slots=3, torch_path=path == "torch")
+    if path != "torch":
+        target.batched_verify_exact = False
+    reference = NativeTarget("dir", tiny_dir)
+    prompts = [PROMPT, PROMPT[::-1], PROMPT[3:]]
+    more = [CONTINUATION[:4], CONTINUATION[:1], CONTINUATION[2:5]]
+    expected = []
+    for prompt, tokens in zip(prompts, more, strict=True):
+        reference.prefill(prompt)
+        expected.append(reference.verify(tokens))
+    sequences = [target.sequence(i) for i in range(3)]
+    for sequence, prompt in zip(sequences[:2], prompts[:2], strict=True):
+        sequence.prefill(prompt)
+    passes = count_passes(target)
+    from verispec.targets.base import Pass
+
+    out = target.run(
+        [Pass(sequences[0], more[0], True), Pass(sequences[2], prompts[2], False), Pass(sequences[1], more[1], True)]
+    )
+    assert out[1] is None
+    tolerance = 0 if path != "torch" else 1e-4  # the torch path keeps fp32 keys: its own rounding
+    np.testing.assert_allclose(out[0], expected[0], rtol=0, atol=tolerance * np.abs(expected[0]).max())
+    np.testing.assert_allclose(out[2], expected[1], rtol=0, atol=tolerance * np.abs(expected[1]).max())
+    if path != "torch":
+        assert passes == [1, 1, 1, 1, len(prompts[2]), 1]  # row by row for verifies, the prefill whole
+    np.testing.assert_allclose(
+        sequences[2].verify(more[2]), expected[2], rtol=0, atol=tolerance * np.abs(expected[2]).max()
+    )
