@@ -9,7 +9,8 @@ before the first point and stopped after the last (an idle server uses no CPU):
     verispec   verispec serve --drafter lookup --k auto   (speculation on, the governor picks k)
     plain      verispec serve --drafter none              (no speculation)
     llamacpp   python -m llama_cpp.server on the same GGUF file, --n_ctx 4096, with the thread
-               count verispec uses (needs llama-cpp-python[server])
+               count verispec uses, --interrupt_requests False (its default aborts a running
+               completion when another request arrives) (needs llama-cpp-python[server])
 
 Within one point the servers run one after another for the same duration: they cannot be
 interleaved, since each needs the machine to itself while it is measured. The order rotates
@@ -234,6 +235,9 @@ def start(name: str, args: argparse.Namespace, gguf: Path, log_dir: Path) -> Ser
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
         command += ["--port", str(port), "--n_ctx", str(LLAMACPP_CONTEXT)]
         command += ["--n_threads", threads, "--n_threads_batch", threads]
+        # Its default aborts the running completion whenever another request arrives: with
+        # several clients nothing would finish. Off, it serves requests in turn (one lock).
+        command += ["--interrupt_requests", "False"]
         process = launch(name, command, url + "/v1/models", log)
     else:
         options = {"model": args.model, **VERISPEC_OPTIONS[name], "max_queue": args.max_queue}

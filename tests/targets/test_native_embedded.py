@@ -44,3 +44,34 @@ def test_long_fixed_blocks_stay_identical(embedded):
         plain = embedded.generate(ids, drafter="none", temperature=0, max_tokens=MAX_TOKENS)
         fixed = embedded.generate(ids, drafter="lookup", k=8, temperature=0, max_tokens=MAX_TOKENS)
         assert fixed.token_ids == plain.token_ids, f"{prompt.category} {prompt.question_id} diverged at k=8"
+
+
+@pytest.fixture(scope="module")
+def embedded_sequences():
+    """The embedded model with 17 sequences of its cache, for requests stepped together."""
+    from verispec.api import load_engine
+
+    return load_engine(None, slots=17)
+
+
+@pytest.mark.parametrize("neighbours", [1, 4, 16])
+def test_requests_stepped_together_equal_each_alone_on_dev_prompts(embedded_sequences, neighbours):
+    # Each request with 1, 4 or 16 others in its passes (dev prompts of every category,
+    # speculative greedy with lookup k = 3 and plain mixed): its tokens are the ones it gets alone.
+    from verispec.scheduler import Scheduler
+
+    engine = embedded_sequences
+    prompts = select(load_prompts(), per_category=2)[: neighbours + 1]
+    options = [{"drafter": "lookup", "k": 3} if i % 2 == 0 else {"drafter": "none"} for i in range(len(prompts))]
+    asked = [
+        (engine.encode(p.text), o | {"temperature": 0, "max_tokens": 48}) for p, o in zip(prompts, options, strict=True)
+    ]
+    alone = [engine.generate(ids, **o) for ids, o in asked]
+    scheduler = Scheduler(engine, max_running=neighbours + 1)
+    runs = [scheduler.start(engine.request(ids, **o)) for ids, o in asked]
+    widest = 0
+    while scheduler.running:
+        widest = max(widest, scheduler.step().requests)
+    assert widest == len(asked)  # a pass held every request
+    assert [run.result.token_ids for run in runs] == [a.token_ids for a in alone]
+    assert sum(run.stats.offered for run in runs) > 0  # drafts were verified beside the others
