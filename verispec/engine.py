@@ -139,7 +139,8 @@ class GenerationStream:
 
 
 class Engine:
-    """Keeps a target (and its tokenizer) loaded and runs requests on it, one at a time."""
+    """Keeps a target (and its tokenizer) loaded and runs requests on it: ``stream`` one at a
+    time, a ``verispec.scheduler.Scheduler`` many at once in shared passes."""
 
     def __init__(
         self,
