@@ -46,7 +46,6 @@ class Running:
     sequence: Target
     drafter: Drafter
     steps: Steps
-    exclusive: bool  # runs the request's own drafter (which cannot fork)
     work: Work | None = None
     prefilled: int = 0  # tokens of a pending Prefill cached so far
     chunks: Iterator[float] | None = None  # a Prefill on a target without sequences
@@ -141,7 +140,7 @@ class Scheduler:
         self._forked = None
         sequence = self._free.pop(0)
         drafter = forked or request.drafter
-        running = Running(request, sequence, drafter, self.engine.lifecycle(request, sequence, drafter), forked is None)
+        running = Running(request, sequence, drafter, self.engine.lifecycle(request, sequence, drafter))
         self.running.append(running)
         return running
 
@@ -204,17 +203,17 @@ class Scheduler:
         verified = [r for r, _, logits in plan if logits]
         tokens = {r: r.stats.tokens for r in verified}
         verify_rows = sum(len(ids) for _, ids, logits in plan if logits)
+        verify_tokens = sum(r.tokens_per_pass for r in verified)
         for (running, ids, logits), out in zip(plan, results, strict=True):
             if logits:
                 # The next pass's neighbours, as this one's: the others' verify rows and recent
                 # tokens. Prefill chunks are left out: they come and go, and drafts priced as
                 # cheap beside a long prompt's chunk would stay in the passes after it.
-                others = sum(r.tokens_per_pass for r in verified if r is not running)
-                running.request.load = Load(verify_rows - len(ids), others)
+                running.request.load = Load(verify_rows - len(ids), verify_tokens - running.tokens_per_pass)
                 self._advance(running, (out, seconds, rows, len(plan) - 1))
             else:
                 # A prompt read to its end starts its rounds beside this pass's requests.
-                running.request.load = Load(verify_rows, sum(r.tokens_per_pass for r in verified))
+                running.request.load = Load(verify_rows, verify_tokens)
                 self._prefilled(running, len(ids), seconds)
         for running in verified:
             running.tokens_per_pass = running.stats.tokens - tokens[running]
