@@ -30,7 +30,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: lint
-	$(PY) -m pytest -q -s -p no:cacheprovider tests
+	$(PY) -m pytest -q -s -p no:cacheprovider --durations=25 tests
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests

@@ -122,11 +122,14 @@ class EngineWorker:
     def submit(self, job: GenerationJob) -> None:
         """Admit ``job`` or raise a 429 ``APIError`` when the queue is full."""
         with self._lock:
-            free = len(self._running) < self.scheduler.max_running and not self._waiting
-            if not free and len(self._waiting) >= self.max_queue:
+            # Jobs not yet picked up by the worker thread wait too: a burst of requests fills
+            # the free slots first, and only those beyond them count against --max-queue.
+            slots = max(0, self.scheduler.max_running - len(self._running))
+            if len(self._waiting) >= slots + self.max_queue:
                 raise APIError(
                     429,
-                    f"the server is busy: {len(self._waiting)} requests are waiting (--max-queue {self.max_queue})",
+                    f"the server is busy: {len(self._running)} requests are running and {len(self._waiting)} "
+                    f"waiting (--max-running {self.scheduler.max_running}, --max-queue {self.max_queue})",
                     code="queue_full",
                     headers={"Retry-After": str(self._retry_after_locked())},
                 )
@@ -167,7 +170,11 @@ class EngineWorker:
 
     def _loop(self) -> None:
         while True:
-            if not self._running and self._wake.get() is None:  # idle: sleep until a job or the stop
+            with self._lock:
+                # Idle only with nothing waiting either: when the last running jobs end in one
+                # step, a job queued behind them starts now, not at the next request's arrival.
+                idle = not self._running and not self._waiting
+            if idle and self._wake.get() is None:  # sleep until a job or the stop
                 return
             while not self._wake.empty():
                 if self._wake.get_nowait() is None:
