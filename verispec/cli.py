@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate text and print acceptance beside tok/s")
     gen.add_argument("prompt")
-    gen.add_argument("--drafter", default="lookup", help="lookup, head, block, model or none")
+    gen.add_argument("--drafter", default="lookup", help="lookup, suffix, head, block, model or none")
     gen.add_argument("--k", type=k_value, default="auto", help="drafts per round: auto (governed) or a number")
     gen.add_argument("--k-max", type=int, default=8, help="the most drafts per round --k auto may choose")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None, help="apply the chat template")

@@ -59,3 +59,21 @@ def test_a_failed_run_is_recorded_and_the_rest_continue():
     # Without a list to collect them, failures propagate.
     with pytest.raises(ValueError, match="overflow on 1"):
         run_bench(runners, PROMPTS, SETTINGS)
+
+
+def test_a_learning_drafter_starts_every_pass_empty(tiny_engine):
+    # The suffix drafter learns across requests: within a pass from the earlier prompts, never
+    # from the warm-up's or an earlier pass's run of the same prompt (it would draft it whole).
+    from verispec.bench.configs import parse_config
+    from verispec.bench.runners import VerispecRunner
+
+    runner = VerispecRunner(parse_config("suffix:k=4", ["suffix"]), tiny_engine, "auto")
+    prompts = [(Prompt(str(i), "qa", text), tiny_engine.encode(text)) for i, text in enumerate(["the cat", "a dog"])]
+    settings = BenchSettings(**{**SETTINGS.__dict__, "repeats": 2, "max_tokens": 24})
+    records = run_bench({"suffix": runner}, prompts, settings)
+    by_pass = [[r for r in records if r["repeat"] == repeat] for repeat in (0, 1)]
+    first, second = ([(r["stats"]["offered"], r["stats"]["accepted"]) for r in rows] for rows in by_pass)
+    assert first == second  # greedy: each pass drafts exactly as the first did
+    assert runner.drafter.cache.documents == len(prompts)  # this pass's runs only
+    runner.start_pass()
+    assert len(runner.drafter.cache) == 0

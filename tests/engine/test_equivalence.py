@@ -18,11 +18,14 @@ def plain_output(engine, prompt):
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])  # "auto": with the economics governor on
-@pytest.mark.parametrize("drafter", ["lookup", "model", "none"])
+@pytest.mark.parametrize("drafter", ["lookup", "suffix", "model", "none"])
 def test_greedy_speculative_equals_plain(either_engine, drafter, k):
     offered = accepted = 0
+    # suffix without its cross-request cache here: with it, these prompts' earlier runs make
+    # every draft right (the next test), and the mix of kept and rejected drafts is wanted.
+    chosen = either_engine.drafter("suffix", suffix_cache_tokens=0) if drafter == "suffix" else drafter
     for prompt in PROMPTS:
-        result = either_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        result = either_engine.generate(prompt, drafter=chosen, k=k, temperature=0, max_tokens=MAX_TOKENS)
         assert result.token_ids == plain_output(either_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
         offered += result.stats.offered
         accepted += result.stats.accepted
@@ -30,6 +33,24 @@ def test_greedy_speculative_equals_plain(either_engine, drafter, k):
         assert offered > 0, (offered, accepted)
     if drafter != "none" and k != "auto":  # the comparison exercised both kept and rejected drafts
         assert 0 < accepted < offered, (offered, accepted)
+
+
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_suffix_learns_from_earlier_requests_and_stays_exact(either_engine, k):
+    drafter = either_engine.drafter("suffix", scope=f"equivalence-{k}")  # a cache of its own
+    passes = []
+    for _ in range(2):
+        offered = accepted = 0
+        for prompt in PROMPTS:
+            result = either_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+            assert result.token_ids == plain_output(either_engine, prompt), f"suffix k={k} diverged on {prompt!r}"
+            offered += result.stats.offered
+            accepted += result.stats.accepted
+        passes.append((offered, accepted))
+    (_, first), (offered, again) = passes
+    # The second pass repeats requests the cache holds whole: their outputs are drafted.
+    assert again > first and again >= 0.9 * offered, passes
+    assert drafter.cache.documents == 2 * len(PROMPTS)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verispec.cli import build_parser, main
+from verispec.server.cli import api_keys_of
 
 
 def test_defaults():
@@ -50,9 +51,15 @@ def test_k_is_a_number_or_auto():
         build_parser().parse_args(["serve", "--k", "-1"])
 
 
-def test_api_key_from_the_environment(monkeypatch):
+def test_api_keys_from_the_flags_or_the_environment(monkeypatch):
     monkeypatch.setenv("VERISPEC_API_KEY", "from-env")
-    assert build_parser().parse_args(["serve"]).api_key == "from-env"
+    assert api_keys_of(build_parser().parse_args(["serve"])) == ["from-env"]
+    monkeypatch.setenv("VERISPEC_API_KEY", "a, b,,a")
+    assert api_keys_of(build_parser().parse_args(["serve"])) == ["a", "b"]
+    flags = build_parser().parse_args(["serve", "--api-key", "x", "--api-key", "y"])
+    assert api_keys_of(flags) == ["x", "y"]  # the flags win over the environment
+    monkeypatch.delenv("VERISPEC_API_KEY")
+    assert api_keys_of(build_parser().parse_args(["serve"])) == []
 
 
 def test_unknown_backend_and_missing_model_fail_fast(capsys):

@@ -11,7 +11,8 @@ Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a numbe
 ``backend`` (native, torch or llama.cpp), ``quant`` (the native backend's ``--weights``: auto,
 bf16, int8, int4), ``exact`` (on or off; torch), ``confidence`` (the trained
 drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained drafters'
-weights directory, as ``--drafter-weights``: two trainings compared in one run).
+weights directory, as ``--drafter-weights``: two trainings compared in one run), ``cache``
+(the suffix drafter's cross-request cache in tokens; 0: off).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -30,7 +31,7 @@ from verispec.errors import UserError
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype", "backend", "quant", "exact", "confidence", "weights"}
+VERISPEC_OPTIONS = {"k", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache"}
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
 
@@ -79,6 +80,8 @@ class BenchConfig:
             if not Path(self.options["weights"]).is_dir():
                 raise BenchConfigError(f"{self.label}: weights {self.options['weights']!r} is not a directory")
             options["drafter_weights"] = self.options["weights"]
+        if "cache" in self.options:
+            options["suffix_cache_tokens"] = self.int_option("cache", 0)
         return options
 
     def k_option(self, default: int | str) -> int | str:

@@ -111,6 +111,12 @@ def run_bench(
     records: list[dict[str, Any]] = []
     passes = [(repeat, index) for repeat in range(settings.repeats) for index in range(len(prompts))]
     for turn, (repeat, index) in enumerate(passes):
+        if index == 0:
+            # A drafter that learns across requests (suffix) starts every pass knowing nothing:
+            # it may learn from the pass's earlier prompts, never from a run of the same prompt
+            # (the warm-up's, an earlier pass's), whose output it would draft whole.
+            for runner in runners.values():
+                getattr(runner, "start_pass", lambda: None)()
         prompt, prompt_ids = prompts[index]
         shift = turn % len(labels)
         for label in labels[shift:] + labels[:shift]:

@@ -82,6 +82,12 @@ class VerispecRunner:
         self.drafter = engine.drafter(config.name, **config.drafter_options())
         self.k = config.k_option(default_k)
 
+    def start_pass(self) -> None:
+        """Forget what earlier runs taught a drafter that learns across requests."""
+        cache = getattr(self.drafter, "cache", None)
+        if cache is not None:
+            cache.clear()
+
     def run(self, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int) -> RunRecord:
         _start_cold(self.engine.target)
         with PeakMemory() as memory:

@@ -18,15 +18,19 @@ DrafterFactory = Callable[[DrafterContext], Drafter]
 
 # Negative controls: buildable for benchmarks and tests, left out of the names offered to users.
 CONTROLS = frozenset({"wrong"})
+# Drafters that learn from earlier requests (the suffix cache): a server with several API keys
+# builds one per key (``scope`` option), so one key's prompts never draft for another.
+LEARNING_DRAFTERS = frozenset({"suffix"})
 
 
 @functools.cache
 def _factories() -> dict[str, DrafterFactory]:
-    from verispec.drafters import block, control, head, lookup, model, none
+    from verispec.drafters import block, control, head, lookup, model, none, suffix
 
     return {
         "none": none._build,
         "lookup": lookup._build,
+        "suffix": suffix._build,
         "model": model._build,
         "head": head._build,
         "block": block._build,

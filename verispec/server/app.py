@@ -28,7 +28,7 @@ from verispec.engine import Engine
 from verispec.server import schemas
 from verispec.server.errors import APIError, error_body, model_loading, validation_error
 from verispec.server.exchange import respond
-from verispec.server.gate import CORSMiddleware, Gate
+from verispec.server.gate import CORSMiddleware, Gate, api_key_scope
 from verispec.server.jobs import chat_job, completion_job, parse_body
 from verispec.server.openapi import ERRORS, body_doc, install_openapi
 from verispec.server.responses import error_response, json_response
@@ -149,6 +149,7 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         body = await parse_body(request, schemas.CompletionRequest)
         assert isinstance(body, schemas.CompletionRequest)
         job = completion_job(state, body)
+        job.scope = api_key_scope(state.settings, request.scope)
         assert state.worker is not None  # the job checked that the model is loaded
         return await respond(state.worker, request, job, body)
 
@@ -162,5 +163,6 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
         body = await parse_body(request, schemas.ChatCompletionRequest)
         assert isinstance(body, schemas.ChatCompletionRequest)
         job = chat_job(state, body)
+        job.scope = api_key_scope(state.settings, request.scope)
         assert state.worker is not None  # the job checked that the model is loaded
         return await respond(state.worker, request, job, body)

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from verispec.cli_args import add_model_options, k_value, model_options
+from verispec.drafters.suffix import DEFAULT_CACHE_TOKENS
 from verispec.scheduler import DEFAULT_MAX_ROWS, DEFAULT_MAX_RUNNING
 
 API_KEY_ENV = "VERISPEC_API_KEY"
@@ -63,13 +64,23 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     drafter.drafters = _DrafterNames()  # type: ignore[attr-defined]  # expanded into the help text
     spec.add_argument("--k", type=k_value, default=None, help="drafts per round: auto or a number (default: auto)")
+    spec.add_argument(
+        "--suffix-cache",
+        type=_bounded_int(0),
+        default=DEFAULT_CACHE_TOKENS,
+        help="tokens of earlier requests (prompts and outputs) the suffix drafter keeps to draft from, per API "
+        "key; 0 turns the cross-request cache off (default: %(default)s)",
+    )
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     http.add_argument("--port", type=_bounded_int(0), default=8000, help="port (default: 8000)")
     http.add_argument(
         "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})",
+        action="append",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health; repeat for several keys, "
+        f"whose requests then never share what the suffix drafter learns (default: ${API_KEY_ENV}, "
+        "comma-separated for several)",
     )
     http.add_argument(
         "--allowed-hosts",
@@ -135,13 +146,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
     _configure_logging()
     name = models.resolve(args.model).name  # fails fast on a model that cannot exist
-    if not _is_loopback(args.host) and not args.api_key:
+    api_keys = api_keys_of(args)
+    if not _is_loopback(args.host) and not api_keys:
         log.warning("binding %s without --api-key: anyone who can reach this address can use the model", args.host)
     settings = ServerSettings(
         model_names=[name],
         drafter=args.drafter,
         k=args.k,
-        api_key=args.api_key or None,
+        api_keys=api_keys,
         max_queue=args.max_queue,
         max_running=args.max_running,
         max_rows=args.max_rows,
@@ -156,6 +168,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     def load() -> Any:
         engine = load_engine(args.model, slots=args.max_running, **model_options(args))  # type: ignore[arg-type]
+        engine.drafter_options["suffix_cache_tokens"] = args.suffix_cache
         options: dict[str, Any] = {"drafter": args.drafter}
         if args.k is not None:
             options["k"] = args.k
@@ -187,6 +200,13 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"verispec: error: the model failed to load: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def api_keys_of(args: argparse.Namespace) -> list[str]:
+    """The keys of ``--api-key`` (repeated), else of $VERISPEC_API_KEY (comma-separated)."""
+    if args.api_key:
+        return list(dict.fromkeys(args.api_key))
+    return list(dict.fromkeys(key.strip() for key in os.environ.get(API_KEY_ENV, "").split(",") if key.strip()))
 
 
 def _is_loopback(host: str) -> bool:

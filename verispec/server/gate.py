@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from verispec.server.errors import APIError, error_bytes, truncate
 from verispec.server.responses import error_response
-from verispec.server.state import ServerState
+from verispec.server.state import ServerSettings, ServerState
 
 CLIENT_CLOSED_REQUEST = 499  # the status recorded for a client that left before its response
 ROUTES = (
@@ -38,6 +38,7 @@ ROUTES = (
 )
 JSON_ROUTES = ("/v1/completions", "/v1/chat/completions")  # POST routes whose body must be declared JSON
 UNGUARDED = ("/health",)
+API_KEY_INDEX = "verispec_api_key_index"  # the request's key among --api-key's, in the ASGI scope's state
 ALWAYS_OPEN = ("/health", "/metrics")  # answered while draining
 CLEANUP_KEY = "verispec.cleanup"  # scope entry: callables the gate runs when a request ends
 ANY_HOST = "*"
@@ -113,14 +114,18 @@ class Gate:
             )
         if self.state.draining and path not in ALWAYS_OPEN:
             return APIError(503, "the server is shutting down and accepts no new requests", code="server_draining")
-        if settings.api_key is not None and path not in UNGUARDED and scope["method"] != "OPTIONS":
+        if settings.api_keys and path not in UNGUARDED and scope["method"] != "OPTIONS":
             supplied = _bearer(scope)
             if supplied is None:
                 return APIError(
                     401, "missing API key: send the header 'Authorization: Bearer <key>'", code="missing_api_key"
                 )
-            if not hmac.compare_digest(supplied.encode(), settings.api_key.encode()):
+            # Every key compared (in constant time each), so the time taken says nothing about
+            # which key came close; the handlers learn which key it was (``API_KEY_INDEX``).
+            matches = [hmac.compare_digest(supplied.encode(), key.encode()) for key in settings.api_keys]
+            if not any(matches):
                 return APIError(401, "invalid API key", code="invalid_api_key")
+            scope.setdefault("state", {})[API_KEY_INDEX] = matches.index(True)
         if scope["method"] == "POST" and path in JSON_ROUTES:
             media_type = (_header(scope, b"content-type") or "").partition(";")[0].strip().lower()
             if media_type != "application/json":
@@ -244,3 +249,12 @@ class CORSMiddleware(StarletteCORSMiddleware):
         refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")  # "origin, method"
         message = f"CORS preflight refused: disallowed {refused} (allowed origins are set with --cors-origin)"
         return error_response(APIError(400, message, code="cors_refused", headers=headers))
+
+
+def api_key_scope(settings: ServerSettings, scope: Scope) -> str | None:
+    """Which key's drafters a request uses: with several API keys, one scope per key (drafters
+    that learn across requests never mix keys); None with one key or none."""
+    if len(settings.api_keys) < 2:
+        return None
+    index = scope.get("state", {}).get(API_KEY_INDEX)
+    return None if index is None else f"api-key-{index}"

@@ -19,7 +19,9 @@ class ServerSettings:
     model_names: list[str]
     drafter: str | None = None
     k: int | str | None = None
-    api_key: str | None = None
+    # Bearer keys that open the guarded routes (none: no key needed). With several, each key's
+    # requests get drafters of their own where drafters learn across requests (suffix).
+    api_keys: list[str] = field(default_factory=list)
     max_queue: int = 64  # requests that may wait for room; 0: run if there is room, else 429
     max_running: int = 1  # requests stepped together (a target without sequences runs one)
     max_rows: int = DEFAULT_MAX_ROWS  # rows of one forward pass

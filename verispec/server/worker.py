@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.drafters.base import DrafterError
+from verispec.drafters.registry import LEARNING_DRAFTERS
 from verispec.engine import Engine, Generation, PromptError, Request
 from verispec.errors import UserError
 from verispec.models import ModelLoadError
@@ -67,6 +68,7 @@ class GenerationJob:
     request: Request | None = None  # once tokenized and checked (by the worker)
     running: Running | None = None  # once started in the scheduler
     started_at: float = 0.0
+    scope: str | None = None  # the API key's scope for drafters that learn across requests
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
@@ -326,6 +328,14 @@ class EngineWorker:
         k = job.k if job.k is not None else self.default_k
         if drafter is not None:
             options["drafter"] = drafter
+        name = drafter if drafter is not None else "lookup"
+        if job.scope is not None and name in LEARNING_DRAFTERS:
+            try:
+                options["drafter"] = engine.drafter(name, scope=job.scope)  # this key's own
+            except DrafterError as error:
+                raise APIError(
+                    400, truncate(str(error), 300), param="speculative.drafter", code="invalid_value"
+                ) from error
         if k is not None:
             options["k"] = k
         try:

@@ -1,0 +1,171 @@
+"""The suffix drafter: the deepest match in the request or the cache, frequencies along the
+walk, the cache's bound and index, forks and scopes, and proposals that are prefixes."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verispec.drafters.base import DrafterError
+from verispec.drafters.suffix import (
+    KEY,
+    MAX_CANDIDATES,
+    SEPARATOR,
+    SuffixCache,
+    SuffixDrafter,
+    match_lengths,
+    source_of,
+)
+from verispec.sampling import SamplingParams
+
+RNG = np.random.default_rng(0)
+
+
+def run(drafter: SuffixDrafter, document: list[int]) -> None:
+    """A request that read ``document`` and ended: its document joins the cache."""
+    drafter.begin(document, SamplingParams())
+    drafter.reset()
+
+
+def proposal(drafter: SuffixDrafter, context: list[int], k: int):
+    drafter.begin(context, SamplingParams())
+    return drafter.propose(context, k, RNG)
+
+
+def test_the_request_alone_drafts_like_prompt_lookup():
+    drafter = SuffixDrafter(SuffixCache(0))
+    draft = proposal(drafter, [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 5)
+    assert draft.tokens == [4, 5, 6, 7, 1] and draft.probs is None
+    assert drafter.last.match == 3 and drafter.last.frequencies == [1.0] * 5
+    assert draft.source == source_of(drafter.last) == (3, 2)
+    assert proposal(drafter, [1, 2, 3], 4).tokens == []  # nothing seen before: no draft
+    assert proposal(drafter, [1, 2, 1], 0).tokens == []
+
+
+def test_earlier_requests_teach_later_ones_and_a_zero_cache_forgets():
+    for capacity, expected in ((1000, [30, 31, 32, 33]), (0, [])):
+        drafter = SuffixDrafter(SuffixCache(capacity))
+        run(drafter, [5, 6, 7, 8, 9, 30, 31, 32, 33])
+        assert proposal(drafter, [40, 41, 8, 9], 4).tokens == expected
+    drafter = SuffixDrafter(SuffixCache(1000))
+    drafter.begin([1, 2, 3], SamplingParams())
+    drafter.observe([1, 2, 3, 4, 5], 1)  # the output so far belongs to the document too
+    drafter.reset()
+    assert proposal(drafter, [9, 3, 4], 2).tokens == [5]
+
+
+def test_frequencies_choose_the_continuation_and_the_score_ends_the_walk():
+    drafter = SuffixDrafter(SuffixCache(1000), min_score=0.5)
+    for tail in ([10, 11], [10, 11], [10, 12]):  # after "1 2 3": 10 three times, then 11 twice
+        run(drafter, [1, 2, 3, *tail])
+    draft = proposal(drafter, [0, 1, 2, 3], 5)
+    assert draft.tokens == [10, 11]
+    assert drafter.last.count == 3 and drafter.last.frequencies == pytest.approx([1.0, 2 / 3])
+    strict = SuffixDrafter(drafter.cache, min_score=0.7)  # 1 * 2/3 < 0.7: stops after 10
+    assert proposal(strict, [0, 1, 2, 3], 5).tokens == [10]
+    assert strict.last.frequencies == [1.0]
+
+
+def test_the_deepest_match_wins_over_a_more_frequent_shallow_one():
+    drafter = SuffixDrafter(SuffixCache(1000))
+    run(drafter, [7, 8, 1, 2, 3, 50])
+    for _ in range(3):
+        run(drafter, [1, 2, 3, 60])
+    draft = proposal(drafter, [7, 8, 1, 2, 3], 1)
+    assert draft.tokens == [50] and drafter.last.match == 5 and drafter.last.count == 1
+    assert proposal(drafter, [9, 1, 2, 3], 1).tokens == [60]  # match 3: four occurrences, 60 in three
+    assert drafter.last.frequencies == [0.75]
+
+
+def test_on_a_tie_the_request_itself_wins_then_the_most_recent():
+    drafter = SuffixDrafter(SuffixCache(1000))
+    run(drafter, [4, 5, 70])
+    run(drafter, [4, 5, 80])
+    assert proposal(drafter, [9, 4, 5], 1).tokens == [80]  # the later document
+    assert proposal(drafter, [4, 5, 90, 3, 4, 5], 1).tokens == [90]  # its own earlier "4 5"
+
+
+def test_matches_and_walks_stop_at_document_ends():
+    drafter = SuffixDrafter(SuffixCache(1000))
+    run(drafter, [1, 2, 3])
+    run(drafter, [4, 5, 6])
+    assert proposal(drafter, [8, 2, 3], 3).tokens == []  # "2 3" ends its document: nothing follows
+    lengths = match_lengths(drafter.cache.tokens, np.array([5]), np.array([1, 2, 3, 4]), 10)
+    assert lengths.tolist() == [1]  # "4" matches; the 3 before it is across the separator
+
+
+def test_proposals_are_prefixes_of_longer_ones():
+    drafter = SuffixDrafter(SuffixCache(1000), min_score=0.0)
+    for doc in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9], [2, 3, 4, 5, 7]):
+        run(drafter, doc)
+    context = [0, 2, 3]
+    longest = proposal(drafter, context, 8).tokens
+    assert len(longest) >= 3
+    for k in range(len(longest) + 1):
+        assert proposal(drafter, context, k).tokens == longest[:k]
+
+
+def brute_force(tokens: list[int], tail: list[int]) -> list[int]:
+    n = len(tail)
+    return [i + n for i in range(len(tokens) - n + 1) if tokens[i : i + n] == tail and i + n < len(tokens)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    documents=st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=30), min_size=1, max_size=12),
+    capacity=st.integers(1, 120),
+)
+def test_the_cache_stays_in_its_bound_and_its_index_is_exact(documents, capacity):
+    cache = SuffixCache(capacity)
+    kept: list[list[int]] = []
+    for doc in documents:
+        cache.add(doc)
+        if len(doc) >= 2 and capacity >= 3:  # the tail that fits beside its separator
+            kept.append(doc[len(doc) - min(len(doc), capacity - 1) :])
+        assert len(cache) <= capacity
+    tokens = cache.tokens.tolist()
+    # The newest documents, whole, each followed by a separator; the oldest evicted first.
+    flat: list[int] = []
+    for doc in reversed(kept):
+        if len(flat) + len(doc) + 1 > capacity:
+            break
+        flat = [*doc, SEPARATOR, *flat]
+    assert tokens == flat
+    for n in range(1, KEY + 1):
+        for start in range(len(tokens) - n + 1):
+            tail = tokens[start : start + n]
+            if SEPARATOR in tail:
+                continue
+            expected = brute_force(tokens, tail)[-MAX_CANDIDATES:]
+            assert cache.occurrences(tail).tolist() == expected
+
+
+def test_forks_share_the_cache_and_keep_their_own_documents():
+    drafter = SuffixDrafter(SuffixCache(1000))
+    fork = drafter.fork(object())
+    assert fork.cache is drafter.cache
+    drafter.begin([1, 2, 3, 4], SamplingParams())
+    fork.begin([5, 6, 7, 8], SamplingParams())
+    assert fork.propose([5, 6, 7, 8, 1, 2], 2, RNG).tokens == []  # the other request is not over
+    drafter.reset()
+    assert fork.propose([5, 6, 7, 8, 1, 2], 2, RNG).tokens == [3, 4]
+
+
+def test_engine_scopes_keep_caches_apart(tiny_engine):
+    first = tiny_engine.drafter("suffix", scope="key-a")
+    assert tiny_engine.drafter("suffix", scope="key-a") is first
+    other = tiny_engine.drafter("suffix", scope="key-b")
+    assert other.cache is not first.cache
+    run(first, [1, 2, 3, 4, 5])
+    assert proposal(first, [9, 2, 3], 2).tokens == [4, 5]
+    assert proposal(other, [9, 2, 3], 2).tokens == []
+    assert len(tiny_engine.drafter("suffix", scope="key-c", suffix_cache_tokens=0).cache) == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"suffix_cache_tokens": -1}, {"suffix_cache_tokens": "many"}, {"suffix_max_match": 0}, {"suffix_min_score": 2.0}],
+)
+def test_bad_options_are_refused(tiny_engine, options):
+    with pytest.raises(DrafterError):
+        tiny_engine.drafter("suffix", **options)

@@ -1,0 +1,379 @@
+"""``suffix``: drafts from everything seen, the current request and a cache of earlier ones.
+
+Where prompt lookup proposes what followed the latest occurrence of the last few tokens in
+this request alone, ``suffix`` (after SuffixDecoding, Oliaro et al. 2024) looks the current
+context up in two token stores at once:
+
+- the request's own prompt and output so far (``_Local``, extended as tokens commit);
+- a bounded cache of earlier requests' prompts and outputs (``SuffixCache``, one per engine
+  and scope; a request's document joins it when the request ends; oldest evicted).
+
+Terms:
+
+- occurrence: a position in a store right after a match of the context's last tokens;
+- match length ``L`` of an occurrence: how many of the context's last tokens equal the
+  tokens before it (found from an index of the last 1..``KEY`` tokens, then extended
+  backwards up to ``max_match``); the occurrences of the longest match are the node of a
+  suffix tree that the context reaches, and their number is the node's count;
+- continuation: walking that node's occurrences forward, the token most of them continue
+  with, its frequency ``count(child) / count(node)`` the estimate that it comes next; the
+  proposal follows the most frequent child while the product of frequencies stays at least
+  ``min_score`` (ties: the most recent occurrence wins, the request's own before the cache).
+
+Drafts are deterministic, so q is a point mass. A proposal's source is (match length bucket,
+first frequency bucket): the governor keeps acceptance estimates per source, as it does for
+lookup's n. Proposing is a read (``pure_proposals``): a proposal of k tokens is the first k of
+a longer one, because the walk does not depend on k.
+
+The cache never mixes scopes: the server gives each API key's requests a drafter of their own
+(``scope`` option), so one key's prompts never become another key's drafts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError
+from verispec.sampling import SamplingParams
+
+KEY = 3  # index keys: the last 1..KEY tokens of an occurrence
+MAX_CANDIDATES = 256  # most recent occurrences of one key considered (bounds a proposal's work)
+DEFAULT_MAX_MATCH = 64  # match lengths are measured up to this many tokens
+DEFAULT_MIN_SCORE = 0.1  # stop the walk where the product of frequencies falls below this
+DEFAULT_CACHE_TOKENS = 1 << 18  # tokens of earlier requests kept (0: no cross-request cache)
+SEPARATOR = -1  # between documents in a store: no match or walk crosses it
+# A key packs KEY tokens of 20 bits (ids of larger vocabularies may share keys: then the match
+# lengths, measured on the tokens themselves, tell the occurrences apart) and n in 63 bits.
+TOKEN_BITS = 20
+MASK = (1 << TOKEN_BITS) - 1
+MATCH_BLOCK = 8  # match lengths are measured this many tokens at a time
+MATCH_BUCKETS = (1, 2, 3, 4, 8, 16, 32)  # source: the largest bucket <= the match length
+SCORE_BUCKETS = (0.9, 0.5)  # source: 2 (>= 0.9), 1 (>= 0.5) or 0 for the first frequency
+
+Positions = NDArray[np.int64]
+
+
+def _keys(tokens: NDArray[np.int64], n: int) -> NDArray[np.int64]:
+    """The key of every n-gram of ``tokens`` (ending at index n-1, n, ...), as one int64 each;
+    n-grams holding a separator get key -1."""
+    if tokens.shape[0] < n:
+        return np.zeros(0, dtype=np.int64)
+    keys = np.zeros(tokens.shape[0] - n + 1, dtype=np.int64)
+    bad = np.zeros(keys.shape[0], dtype=bool)
+    for i in range(n):
+        part = tokens[i : tokens.shape[0] - n + 1 + i]
+        keys = (keys << TOKEN_BITS) | (np.where(part < 0, 0, part) & MASK)
+        bad |= part < 0
+    keys += n << (TOKEN_BITS * KEY)  # keys of different n never collide
+    keys[bad] = -1
+    return keys
+
+
+def _key(tail: Sequence[int]) -> int:
+    key = 0
+    for token in tail:
+        key = (key << TOKEN_BITS) | (int(token) & MASK)
+    return key + (len(tail) << (TOKEN_BITS * KEY))
+
+
+class SuffixCache:
+    """Earlier requests' documents (prompt + output) in one token array, and a sorted index.
+
+    ``tokens``: the documents, each followed by ``SEPARATOR``. The index holds, for every
+    position and n in 1..KEY, the key of the n tokens ending there, sorted (``_keys`` sorted,
+    ``_next`` the position after each): an occurrence search is a binary search. A document
+    is merged in when its request ends; past ``capacity`` tokens the oldest documents go (the
+    array and index are cut in one pass). Thread-safe: a server's requests end on one
+    thread, but an API user may run engines' requests on several.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CACHE_TOKENS) -> None:
+        if capacity < 0:
+            raise DrafterError(f"the suffix cache's capacity must be >= 0 tokens, got {capacity}")
+        self.capacity = capacity
+        self.tokens: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._sorted_keys: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._next: Positions = np.zeros(0, dtype=np.int64)
+        self._starts: list[int] = []  # where each document starts, oldest first
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def documents(self) -> int:
+        return len(self._starts)
+
+    def add(self, document: Sequence[int]) -> None:
+        """Keep ``document`` (a request's prompt and output) for later requests' drafts."""
+        room = self.capacity - 1  # a document's tail that fits with its separator
+        if room < 2 or len(document) < 2:
+            return
+        doc = np.asarray(document[len(document) - min(room, len(document)) :], dtype=np.int64)
+        with self._lock:
+            base = len(self)
+            tokens = np.concatenate([self.tokens, doc, [SEPARATOR]])
+            new_keys, new_next = [], []
+            for n in range(1, KEY + 1):
+                # Keys of n-grams ending in the new document (they may not reach back into the
+                # previous one: its separator makes their key -1).
+                window = tokens[max(0, base - n + 1) :]
+                keys = _keys(window, n)
+                ends = np.arange(keys.shape[0], dtype=np.int64) + max(0, base - n + 1) + n  # position after
+                keep = (keys >= 0) & (ends < tokens.shape[0])
+                new_keys.append(keys[keep])
+                new_next.append(ends[keep])
+            keys = np.concatenate(new_keys)
+            follows = np.concatenate(new_next)
+            order = np.argsort(keys, kind="stable")
+            keys, follows = keys[order], follows[order]
+            # Merge: existing entries before new ones of the same key, so each key's entries
+            # stay in order of position (the most recent last).
+            at = np.searchsorted(self._sorted_keys, keys, side="right")
+            self._sorted_keys = np.insert(self._sorted_keys, at, keys)
+            self._next = np.insert(self._next, at, follows)
+            self.tokens = tokens
+            self._starts.append(base)
+            self._evict()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.tokens = np.zeros(0, dtype=np.int64)
+            self._sorted_keys = np.zeros(0, dtype=np.int64)
+            self._next = np.zeros(0, dtype=np.int64)
+            self._starts = []
+
+    def _evict(self) -> None:
+        if len(self) <= self.capacity:
+            return
+        cut = next(s for s in self._starts if len(self) - s <= self.capacity)
+        self._starts = [s - cut for s in self._starts if s >= cut]
+        keep = self._next > cut  # an occurrence whose n-gram ends at or after the cut
+        keep &= self._next - self._n_of_keys() >= cut
+        self._sorted_keys, self._next = self._sorted_keys[keep], self._next[keep] - cut
+        self.tokens = self.tokens[cut:]
+
+    def _n_of_keys(self) -> Positions:
+        return (self._sorted_keys >> (TOKEN_BITS * KEY)).astype(np.int64)
+
+    def occurrences(self, tail: Sequence[int]) -> Positions:
+        """Positions right after the most recent occurrences of ``tail`` (1..KEY tokens), oldest first."""
+        key = _key(tail)
+        with self._lock:
+            lo = int(np.searchsorted(self._sorted_keys, key, side="left"))
+            hi = int(np.searchsorted(self._sorted_keys, key, side="right"))
+            return self._next[max(lo, hi - MAX_CANDIDATES) : hi].copy()
+
+    def snapshot(self) -> NDArray[np.int64]:
+        """The token array as it is now (arrays are replaced, never changed in place)."""
+        with self._lock:
+            return self.tokens
+
+
+class _Local:
+    """The current request's prompt and output: a token array that grows, and a dict index
+    from the last 1..KEY tokens to the positions after them (oldest first)."""
+
+    def __init__(self) -> None:
+        self.buffer: NDArray[np.int64] = np.zeros(256, dtype=np.int64)
+        self.size = 0
+        self.ids: list[int] = []  # the same tokens, for the index's keys
+        self.index: dict[tuple[int, ...], list[int]] = {}
+
+    @property
+    def tokens(self) -> NDArray[np.int64]:
+        return self.buffer[: self.size]
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        ids = self.ids
+        for token in new_tokens:
+            end = self.size
+            for n in range(1, min(KEY, end) + 1):
+                positions = self.index.setdefault(tuple(ids[end - n : end]), [])
+                positions.append(end)
+                if len(positions) > 2 * MAX_CANDIDATES:
+                    del positions[:-MAX_CANDIDATES]
+            if end == self.buffer.shape[0]:
+                self.buffer = np.concatenate([self.buffer, np.zeros_like(self.buffer)])
+            self.buffer[end] = int(token)
+            ids.append(int(token))
+            self.size = end + 1
+
+    def occurrences(self, tail: tuple[int, ...]) -> Positions:
+        return np.asarray(self.index.get(tail, ())[-MAX_CANDIDATES:], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A proposal and what it rests on: its tokens, the match length, the node's count and the
+    frequency of each proposed token among the occurrences still following the walk."""
+
+    tokens: list[int]
+    match: int
+    count: int
+    frequencies: list[float]
+
+
+def match_lengths(store: NDArray[np.int64], positions: Positions, context: NDArray[np.int64], limit: int) -> Positions:
+    """For each position, how many of ``context``'s last tokens equal the tokens right
+    before it in ``store`` (at most ``limit``); separators never match. Compared in blocks of
+    ``MATCH_BLOCK`` tokens, the candidates still matching carried to the next block."""
+    lengths = np.zeros(positions.shape[0], dtype=np.int64)
+    alive = np.arange(positions.shape[0])
+    limit = min(limit, context.shape[0])
+    for first in range(1, limit + 1, MATCH_BLOCK):
+        back = np.arange(first, min(first + MATCH_BLOCK, limit + 1))  # tokens back from the end
+        at = positions[alive, None] - back[None, :]
+        same = (at >= 0) & (store[np.maximum(at, 0)] == context[-back][None, :])
+        run = np.cumprod(same, axis=1).sum(axis=1)  # leading matches in this block
+        lengths[alive] += run
+        alive = alive[run == back.shape[0]]
+        if not alive.shape[0]:
+            break
+    return lengths
+
+
+def walk(stores: Sequence[tuple[NDArray[np.int64], Positions]], k: int, min_score: float, match: int) -> Walk:
+    """Follow the most frequent continuation of the occurrences ``positions`` in each store
+    (the request's own last: it wins ties), up to k tokens while the product of frequencies
+    stays at least ``min_score``."""
+    tokens: list[int] = []
+    frequencies: list[float] = []
+    count = sum(int(p.shape[0]) for _, p in stores)
+    score = 1.0
+    live = [(store, positions) for store, positions in stores if positions.shape[0]]
+    for depth in range(k):
+        nexts, recency = [], []
+        for rank, (store, positions) in enumerate(live):
+            inside = positions + depth < store.shape[0]
+            nxt = np.full(positions.shape[0], SEPARATOR, dtype=np.int64)
+            nxt[inside] = store[positions[inside] + depth]
+            nexts.append(nxt)
+            recency.append(rank * (1 << 40) + positions)
+        following = np.concatenate(nexts) if nexts else np.zeros(0, dtype=np.int64)
+        ranked = np.concatenate(recency) if recency else np.zeros(0, dtype=np.int64)
+        alive = following >= 0
+        if not alive.any():
+            break
+        values, counts = np.unique(following[alive], return_counts=True)
+        best_count = int(counts.max())
+        tied = values[counts == best_count]
+        if tied.shape[0] > 1:  # the most recent occurrence among the tied tokens
+            latest = [int(ranked[alive][following[alive] == v].max()) for v in tied]
+            choice = int(tied[int(np.argmax(latest))])
+        else:
+            choice = int(tied[0])
+        frequency = best_count / int(alive.sum())
+        if score * frequency < min_score:
+            break
+        score *= frequency
+        tokens.append(choice)
+        frequencies.append(frequency)
+        live = [(store, positions[nxt == choice]) for (store, positions), nxt in zip(live, nexts, strict=True)]
+        live = [(store, positions) for store, positions in live if positions.shape[0]]
+    return Walk(tokens, match, count, frequencies)
+
+
+def source_of(found: Walk) -> tuple[int, int]:
+    """The governor's key for a proposal: (match bucket, first-frequency bucket)."""
+    match = max(b for b in MATCH_BUCKETS if b <= max(1, found.match))
+    first = found.frequencies[0] if found.frequencies else 0.0
+    return match, sum(first >= s for s in SCORE_BUCKETS)
+
+
+class SuffixDrafter:
+    name = "suffix"
+    hidden_capture = None
+    pure_proposals = True  # a read of the stores; see drafters.base
+
+    def __init__(
+        self,
+        cache: SuffixCache | None = None,
+        *,
+        max_match: int = DEFAULT_MAX_MATCH,
+        min_score: float = DEFAULT_MIN_SCORE,
+    ) -> None:
+        if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
+            raise DrafterError(f"suffix needs max_match >= 1, got {max_match!r}")
+        if not 0.0 <= min_score <= 1.0:
+            raise DrafterError(f"suffix needs min_score in [0, 1], got {min_score!r}")
+        self.cache = cache if cache is not None else SuffixCache()
+        self.max_match, self.min_score = max_match, min_score
+        self.local = _Local()
+        self.last: Walk | None = None  # the latest proposal's walk (for tests and reports)
+
+    def fork(self, target: object) -> SuffixDrafter:
+        """A drafter for another request at the same time: its own document, the same cache."""
+        return SuffixDrafter(self.cache, max_match=self.max_match, min_score=self.min_score)
+
+    def reset(self) -> None:
+        """The request ended (or a new one begins): its document joins the cache."""
+        if self.local.size:
+            self.cache.add(self.local.tokens.tolist())
+        self.local = _Local()
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self.reset()
+        self.local.extend(prompt_ids)
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        self._sync(context)
+        if k <= 0 or self.local.size == 0:
+            return NO_DRAFT
+        found = self.search(k)
+        self.last = found
+        if not found.tokens:
+            return NO_DRAFT
+        return Draft(tokens=found.tokens, source=source_of(found))
+
+    def search(self, k: int) -> Walk:
+        """The walk from the deepest node the context reaches in either store."""
+        context = self.local.tokens
+        global_tokens = self.cache.snapshot()
+        candidates: list[tuple[NDArray[np.int64], Positions, Positions]] = []
+        for n in range(min(KEY, context.shape[0]), 0, -1):
+            tail = tuple(self.local.ids[-n:])
+            found = [
+                (global_tokens, self.cache.occurrences(tail) if len(self.cache) else np.zeros(0, dtype=np.int64)),
+                (context, self.local.occurrences(tail)),
+            ]
+            # Only occurrences something follows: a document's end would make a deep node
+            # with nothing to propose hide shallower ones that have a continuation.
+            found = [(store, positions[store[positions] != SEPARATOR]) for store, positions in found]
+            found = [(store, positions) for store, positions in found if positions.shape[0]]
+            if found:
+                candidates = [(s, p, match_lengths(s, p, context, self.max_match)) for s, p in found]
+                break
+        if not candidates:
+            return Walk([], 0, 0, [])
+        deepest = max(int(lengths.max()) for _, _, lengths in candidates)
+        node = [(store, positions[lengths >= deepest]) for store, positions, lengths in candidates]
+        return walk(node, k, self.min_score, deepest)
+
+    def observe(self, context: Sequence[int], accepted: int) -> None:
+        self._sync(context)
+
+    def _sync(self, context: Sequence[int]) -> None:
+        local = self.local
+        known = local.size
+        if len(context) >= known and (known == 0 or context[known - 1] == local.ids[-1]):
+            local.extend(context[known:])
+        else:  # not an extension of what we hold: start the document over (nothing cached)
+            self.local = _Local()
+            self.local.extend(context)
+
+
+def _build(context: DrafterContext) -> SuffixDrafter:
+    tokens = context.option("suffix_cache_tokens", DEFAULT_CACHE_TOKENS)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise DrafterError(f"suffix_cache_tokens must be an integer >= 0, got {tokens!r}")
+    return SuffixDrafter(
+        SuffixCache(tokens),
+        max_match=context.option("suffix_max_match", DEFAULT_MAX_MATCH),
+        min_score=context.option("suffix_min_score", DEFAULT_MIN_SCORE),
+    )
