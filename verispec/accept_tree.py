@@ -46,7 +46,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from verispec.accept import (
-    UNIFORMS_PER_POSITION,
     Row,
     RuleInputError,
     checked_ids,
@@ -104,12 +103,12 @@ def accept_tree(
             if q_x > 0.0 and u[2 * c] * q_x < p_cur[x]:
                 break
             rest = residual(p_cur, x, q_c)
-            p_cur = rest / rest.sum()
-        else:  # every child rejected: draw from the unnormalised residual, as the chain does
-            return TreeResult(path, sample_index(rest, u[2 * c + 1]), UNIFORMS_PER_POSITION * c + 2)
+            p_cur = rest / rest.sum()  # what the next sibling must match
+        else:  # every child rejected: draw from the unnormalised residual, the chain's floats exactly
+            return TreeResult(path, sample_index(rest, u[2 * c + 1]), 2 * c + 2)
         path.append(c)
         row = c + 1
-    return TreeResult(path, sample_index(p[row], u[2 * n]), UNIFORMS_PER_POSITION * n + 1)
+    return TreeResult(path, sample_index(p[row], u[2 * n]), 2 * n + 1)
 
 
 def accept_tree_greedy(target_argmax: ArrayLike, parents: ArrayLike, tokens: ArrayLike) -> TreeResult:
@@ -132,10 +131,10 @@ def accept_tree_greedy(target_argmax: ArrayLike, parents: ArrayLike, tokens: Arr
     while children[row]:
         match = [c for c in children[row] if drafts[c] == best[row]]
         if not match:
-            return TreeResult(path, int(best[row]), UNIFORMS_PER_POSITION * children[row][-1] + 2)
+            return TreeResult(path, int(best[row]), 2 * children[row][-1] + 2)
         path.append(match[0])
         row = match[0] + 1
-    return TreeResult(path, int(best[row]), UNIFORMS_PER_POSITION * n + 1)
+    return TreeResult(path, int(best[row]), 2 * n + 1)
 
 
 def checked_parents(parents: ArrayLike) -> Ids:
