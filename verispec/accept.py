@@ -72,12 +72,12 @@ def accept_step(
     u_residual: float,
 ) -> StepResult:
     """Decide one drafted position. ``target_probs``, ``draft_probs``: (V,); ``None`` = point mass."""
-    p = _rows(target_probs, "target_probs", ndim=1)
-    q = None if draft_probs is None else _rows(draft_probs, "draft_probs", ndim=1)
+    p = checked_rows(target_probs, "target_probs", ndim=1)
+    q = None if draft_probs is None else checked_rows(draft_probs, "draft_probs", ndim=1)
     if q is not None and q.shape != p.shape:
         raise RuleInputError(f"draft_probs has shape {q.shape}, target_probs {p.shape}")
-    _check_token(draft_token, p.shape[0])
-    _check_uniforms(np.array([u_accept, u_residual], dtype=np.float64))
+    check_token(draft_token, p.shape[0])
+    check_uniforms(np.array([u_accept, u_residual], dtype=np.float64))
     return _step(p, draft_token, q, float(u_accept), float(u_residual))
 
 
@@ -94,29 +94,36 @@ def accept_chain(
     draft_probs:  (k, V) rows the drafts were sampled from, or ``None`` for point masses.
     uniforms:     (2k + 1,) in [0, 1), laid out as in the module docstring.
     """
-    p = _rows(target_probs, "target_probs", ndim=2)
-    tokens = np.asarray(draft_tokens)
-    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
-        raise RuleInputError(f"draft_tokens must be a 1-D array of ids, got {tokens.dtype}{tokens.shape}")
+    p, tokens, q, u = checked_round(target_probs, draft_tokens, draft_probs, uniforms)
     k = tokens.shape[0]
-    vocab = p.shape[1]
-    if p.shape[0] != k + 1:
-        raise RuleInputError(f"target_probs needs k + 1 = {k + 1} rows for {k} drafts, has {p.shape[0]}")
-    q = None if draft_probs is None else _rows(draft_probs, "draft_probs", ndim=2)
-    if q is not None and q.shape != (k, vocab):
-        raise RuleInputError(f"draft_probs has shape {q.shape}, expected {(k, vocab)}")
-    u = np.asarray(uniforms, dtype=np.float64)
-    if u.shape != (UNIFORMS_PER_POSITION * k + 1,):
-        raise RuleInputError(f"{k} drafts take {2 * k + 1} uniforms, got shape {u.shape}")
-    _check_uniforms(u)
-    for token in tokens:
-        _check_token(int(token), vocab)
 
     for i in range(k):
         step = _step(p[i], int(tokens[i]), None if q is None else q[i], u[2 * i], u[2 * i + 1])
         if not step.accepted:
             return ChainResult(accepted=i, token=step.token, uniforms_used=2 * i + 2)
     return ChainResult(accepted=k, token=sample_index(p[k], u[2 * k]), uniforms_used=2 * k + 1)
+
+
+def checked_round(
+    target_probs: ArrayLike, draft_tokens: ArrayLike, draft_probs: ArrayLike | None, uniforms: ArrayLike
+) -> tuple[Row, NDArray[np.int64], Row | None, Row]:
+    """The inputs of one round of ``k`` drafts (shapes as in ``accept_chain``), checked and as arrays."""
+    p = checked_rows(target_probs, "target_probs", ndim=2)
+    tokens = checked_ids(draft_tokens, "draft_tokens")
+    k = tokens.shape[0]
+    vocab = p.shape[1]
+    if p.shape[0] != k + 1:
+        raise RuleInputError(f"target_probs needs k + 1 = {k + 1} rows for {k} drafts, has {p.shape[0]}")
+    q = None if draft_probs is None else checked_rows(draft_probs, "draft_probs", ndim=2)
+    if q is not None and q.shape != (k, vocab):
+        raise RuleInputError(f"draft_probs has shape {q.shape}, expected {(k, vocab)}")
+    u = np.asarray(uniforms, dtype=np.float64)
+    if u.shape != (UNIFORMS_PER_POSITION * k + 1,):
+        raise RuleInputError(f"{k} drafts take {2 * k + 1} uniforms, got shape {u.shape}")
+    check_uniforms(u)
+    for token in tokens.tolist():
+        check_token(token, vocab)
+    return p, tokens, q, u
 
 
 def acceptance_probability(
@@ -129,11 +136,11 @@ def acceptance_probability(
     for a caller that ran them already (the engine, on the row ``accept_chain`` checked):
     over a large vocabulary they cost more than the rest of a plain round's bookkeeping.
     """
-    p = _rows(target_probs, "target_probs", ndim=1) if check_rows else np.asarray(target_probs)
-    _check_token(draft_token, p.shape[0])
+    p = checked_rows(target_probs, "target_probs", ndim=1) if check_rows else np.asarray(target_probs)
+    check_token(draft_token, p.shape[0])
     q_x = 1.0
     if draft_probs is not None:
-        q = _rows(draft_probs, "draft_probs", ndim=1) if check_rows else np.asarray(draft_probs)
+        q = checked_rows(draft_probs, "draft_probs", ndim=1) if check_rows else np.asarray(draft_probs)
         q_x = float(q[draft_token])
     return min(1.0, float(p[draft_token]) / q_x) if q_x > 0.0 else 0.0
 
@@ -182,7 +189,8 @@ def _inverse_cdf(weights: Row, u: float) -> int:
     return index
 
 
-def _rows(values: ArrayLike, name: str, ndim: int) -> Row:
+def checked_rows(values: ArrayLike, name: str, ndim: int) -> Row:
+    """``values`` as float64 rows, refused unless finite, non-negative and each summing to 1."""
     rows = np.asarray(values, dtype=np.float64)
     if rows.ndim != ndim or rows.shape[-1] == 0:
         raise RuleInputError(f"{name} must be {ndim}-D with a non-empty vocabulary, got shape {rows.shape}")
@@ -201,11 +209,21 @@ def _rows(values: ArrayLike, name: str, ndim: int) -> Row:
     return rows
 
 
-def _check_token(token: int, vocab: int) -> None:
+def checked_ids(values: ArrayLike, name: str) -> NDArray[np.int64]:
+    """``values`` as a 1-D array of integer ids (an empty one of any dtype passes)."""
+    ids = np.asarray(values)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise RuleInputError(f"{name} must be a 1-D array of ids, got {ids.dtype}{ids.shape}")
+    return ids.astype(np.int64)
+
+
+def check_token(token: int, vocab: int) -> None:
+    """Refuse a drafted id outside [0, vocab)."""
     if not 0 <= token < vocab:
         raise RuleInputError(f"draft token {token} is outside the vocabulary [0, {vocab})")
 
 
-def _check_uniforms(u: NDArray[np.float64]) -> None:
+def check_uniforms(u: NDArray[np.float64]) -> None:
+    """Refuse uniforms outside [0, 1), NaN included."""
     if not np.all((u >= 0.0) & (u < 1.0)):  # also false for NaN
         raise RuleInputError(f"uniforms must lie in [0, 1), got {u[~((u >= 0.0) & (u < 1.0))][:3]}")
