@@ -21,7 +21,9 @@ class PromptSetError(UserError, ValueError):
 class Prompt:
     question_id: str
     category: str
-    text: str  # the first turn
+    text: str  # the first turn (a workload's turn: this request's user text)
+    turns: tuple[str, ...] = ()  # every turn of the record (Spec-Bench's second turns)
+    turn: int = 1  # which turn of its conversation this request is
 
 
 def load_prompts(path: str | Path | None = None) -> list[Prompt]:
@@ -36,13 +38,16 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
                 continue
             try:
                 record = json.loads(line)
-                text = record["turns"][0]
+                turns = record["turns"]
+                text = turns[0]
                 category = record["category"]
                 if not isinstance(text, str) or not isinstance(category, str) or not text:
                     raise TypeError("turns[0] and category must be non-empty strings")
+                if not all(isinstance(t, str) and t for t in turns):
+                    raise TypeError("every turn must be a non-empty string")
             except (json.JSONDecodeError, KeyError, IndexError, TypeError) as error:
                 raise PromptSetError(f"{path}:{number}: not a Spec-Bench record ({error})") from error
-            prompts.append(Prompt(str(record.get("question_id", number)), category, text))
+            prompts.append(Prompt(str(record.get("question_id", number)), category, text, tuple(turns)))
     if not prompts:
         raise PromptSetError(f"{path} holds no prompts")
     return prompts

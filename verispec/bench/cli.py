@@ -18,7 +18,17 @@ def add_bench_parser(commands: Any) -> None:
     bench = commands.add_parser("bench", help="compare configurations and peers on a Spec-Bench prompt set")
     bench.add_argument("--prompts", default=None, help="Spec-Bench JSONL (default: the dev set in ../shared)")
     bench.add_argument("--categories", nargs="*", default=None, help="categories to include (default: all)")
-    bench.add_argument("--per-category", type=int, default=5, help="prompts per category")
+    bench.add_argument(
+        "--per-category", type=int, default=5, help="prompts per category (the edit workload: code snippets)"
+    )
+    bench.add_argument(
+        "--workload",
+        default="single",
+        choices=["single", "multi-turn", "edit"],
+        help="single: each prompt's first turn; multi-turn: the two-turn records as conversations, the second "
+        "turn carrying the first and its answer; edit: this repository's code snippets, each asked for with "
+        "two small changes (default: single)",
+    )
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (narrows the noise)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or > 0 with fixed seeds")
@@ -64,6 +74,8 @@ def _report(document: dict[str, Any], directory: Path, baseline: str) -> None:
         document["records"], baseline, greedy=settings["temperature"] == 0, own_plain=own_plain(configs, BASELINE)
     )
     title = f"{settings['model']}, T={settings['temperature']}, {settings['max_tokens']} new tokens"
+    if settings.get("workload", "single") != "single":
+        title += f", {settings['workload']} workload"
     if settings.get("repeats", 1) > 1:
         title += f", {settings['repeats']} passes (n counts runs)"
     console = _console()
@@ -86,7 +98,7 @@ def _file_safe(label: str) -> str:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from verispec.bench import run
+    from verispec.bench import run, workloads
     from verispec.bench.configs import parse_configs
     from verispec.drafters.registry import drafter_names
     from verispec.prompts import load_prompts, select
@@ -129,7 +141,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     source = models.resolve(args.model)
     default = engine_for({})
-    encoded = [(p, default.encode(p.text)) for p in prompts]
+    if args.workload == "multi-turn":
+        encoded = workloads.multi_turn(prompts, default)
+    elif args.workload == "edit":
+        encoded = workloads.edit(args.per_category, default)
+    else:
+        encoded = workloads.single(prompts, default)
     runners, skipped = run.build_runners(
         configs, engine_for, stock_model_for, source.location if source.kind == "gguf" else None, args.k
     )
@@ -143,6 +160,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         default_k=args.k,
         prompts_file=str(args.prompts or "default dev set"),
         repeats=args.repeats,
+        workload=args.workload,
     )
     env = run.environment()
     env["load_average_before"] = os.getloadavg()

@@ -29,6 +29,10 @@ from verispec.prompts import Prompt
 
 WARMUP_TOKENS = 8
 
+# A request's prompt ids, or for a conversation's later turn the function that builds them
+# from this configuration's own outputs of the conversation's earlier turns (oldest first).
+PromptIds = list[int] | Callable[[list[list[int]]], list[int]]
+
 
 @dataclass
 class BenchSettings:
@@ -39,6 +43,7 @@ class BenchSettings:
     default_k: int | str
     prompts_file: str
     repeats: int = 1
+    workload: str = "single"  # see verispec.bench.workloads
 
 
 def build_runners(
@@ -94,7 +99,7 @@ def environment() -> dict[str, Any]:
 
 def run_bench(
     runners: dict[str, Any],
-    prompts: list[tuple[Prompt, list[int]]],
+    prompts: list[tuple[Prompt, PromptIds]],
     settings: BenchSettings,
     progress: Callable[[str], None] | None = None,
     failures: list[dict[str, Any]] | None = None,
@@ -102,12 +107,18 @@ def run_bench(
     """Warm up, then run every prompt on every runner, interleaved, ``settings.repeats``
     passes over the prompts; returns flat records (``repeat`` says which pass).
 
+    A conversation's later turn (prompt ids given as a function, see ``PromptIds``) is built
+    per configuration from what that configuration answered before in the same pass.
+
     A run that raises (a peer's bug, a prompt over one runtime's context) is appended to
     ``failures`` (config, prompt, error) instead of ending the benchmark; that prompt then
     counts for no ratio of that configuration."""
     labels = list(runners)
+    first = prompts[0][1]
+    warm_up = first([]) if callable(first) else first
     for label in labels:  # warm-up: first-call costs (allocations, kernels, calibration)
-        runners[label].run(prompts[0][1], WARMUP_TOKENS, settings.temperature, settings.seed)
+        runners[label].run(warm_up, WARMUP_TOKENS, settings.temperature, settings.seed)
+    said: dict[tuple[str, str], list[list[int]]] = {}  # (config, conversation) -> its answers so far
     records: list[dict[str, Any]] = []
     passes = [(repeat, index) for repeat in range(settings.repeats) for index in range(len(prompts))]
     for turn, (repeat, index) in enumerate(passes):
@@ -117,9 +128,12 @@ def run_bench(
             # (the warm-up's, an earlier pass's), whose output it would draft whole.
             for runner in runners.values():
                 getattr(runner, "start_pass", lambda: None)()
-        prompt, prompt_ids = prompts[index]
+            said.clear()
+        prompt, given = prompts[index]
         shift = turn % len(labels)
         for label in labels[shift:] + labels[:shift]:
+            earlier = said.setdefault((label, prompt.question_id), [])
+            prompt_ids = given(earlier) if callable(given) else given
             try:
                 record: RunRecord = runners[label].run(
                     prompt_ids, settings.max_tokens, settings.temperature, settings.seed
@@ -129,12 +143,15 @@ def run_bench(
                     raise
                 failure = {"config": label, "prompt_index": index, "question_id": prompt.question_id}
                 failures.append({**failure, "repeat": repeat, "error": repr(error)})
+                earlier.append([])  # a later turn goes on after an empty answer
                 continue
             finally:
                 if progress is not None:
                     progress(label)
+            earlier.append(record.token_ids)
             row = asdict(record)
             row.update(
+                turn=prompt.turn,
                 config=label,
                 prompt_index=index,
                 repeat=repeat,
