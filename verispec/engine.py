@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from verispec.accept import accept_chain
+from verispec.accept import ChainResult, accept_chain
+from verispec.accept_tree import TreeResult, accept_tree, tree_depths
 from verispec.detokenize import TextStream
 from verispec.drafters.base import Drafter, DrafterContext
 from verispec.drafters.registry import create_drafter
@@ -83,6 +85,9 @@ class Request:
     finish_reason: str | None = None
     result: Generation | None = None
     load: Load = ALONE  # the other requests sharing its next pass (set by a scheduler)
+    # Whether its driver verifies trees of drafts (``Verify.parents``); a driver that cannot
+    # (a scheduler's shared passes) sets False, and a tree proposal is cut to its main chain.
+    trees: bool = True
 
 
 @dataclass
@@ -96,9 +101,12 @@ class Prefill:
 @dataclass
 class Verify:
     """The pending token and the drafts, one verify pass; resumes with (logits, seconds, rows,
-    neighbours): the pass's seconds and rows, and how many other requests shared it."""
+    neighbours): the pass's seconds and rows, and how many other requests shared it.
+    ``parents``: None for a chain; for a tree of drafts, each draft's parent (-1: the pending
+    token), verified with ``target.verify_tree`` (``verispec.accept_tree``)."""
 
     ids: list[int]
+    parents: list[int] | None = None
 
 
 # What a request's coroutine yields: a forward pass it needs, or a text piece for its consumer
@@ -278,7 +286,10 @@ class Engine:
                             yield ""
                     else:
                         start = time.perf_counter()
-                        logits = self.target.verify(work.ids)
+                        if work.parents is not None:
+                            logits = self.target.verify_tree(work.ids, work.parents)  # type: ignore[attr-defined]
+                        else:
+                            logits = self.target.verify(work.ids)
                         result = (logits, time.perf_counter() - start, len(work.ids), 0)
             finally:
                 steps.close()
@@ -340,21 +351,36 @@ class Engine:
                 break
             t0 = time.perf_counter()
             draft = planner.plan(context, room, rng, request.load).draft
+            if draft.is_tree and not (request.trees and hasattr(target, "verify_tree")):
+                draft = draft.main_chain()
+            tree = draft.parents if draft.is_tree else None
             t1 = time.perf_counter()
-            logits, verify_seconds, verify_rows, neighbours = yield Verify([context[-1], *draft.tokens])
+            logits, verify_seconds, verify_rows, neighbours = yield Verify([context[-1], *draft.tokens], tree)
             stats.observe_pass(neighbours + 1, verify_rows)
             t2 = time.perf_counter()
-            target_probs = final_distributions(logits, params, prompt, context[len(prompt) :], draft.tokens)
+            output = context[len(prompt) :]
             uniforms = rng.random(2 * len(draft.tokens) + 1)
-            verdict = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
+            verdict: ChainResult | TreeResult
+            if tree is None:
+                target_probs = final_distributions(logits, params, prompt, output, draft.tokens)
+                verdict = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
+                kept, offered = draft.tokens[: verdict.accepted], len(draft.tokens)
+            else:
+                target_probs = tree_distributions(logits, params, prompt, output, draft.tokens, tree)
+                verdict = accept_tree(target_probs, tree, draft.tokens, draft.probs, uniforms)
+                path = verdict.path
+                kept, offered = [draft.tokens[node] for node in path], int(max(tree_depths(tree)))
+                target.keep_path(path)  # type: ignore[attr-defined]  # the cache keeps the path
             # The verify's cost: its pass (shared with other requests under a scheduler) and the rule.
             verify_s = verify_seconds + time.perf_counter() - t2
 
-            committed = self._commit(request, [*draft.tokens[: verdict.accepted], verdict.token])
+            committed = self._commit(request, [*kept, verdict.token])
             accepted = min(verdict.accepted, committed)
-            stats.observe(len(draft.tokens), accepted, int(committed == verdict.accepted + 1), t1 - t0, verify_s)
+            # A tree's offered positions are its depth: per-position acceptance reads as a
+            # chain's would (its other nodes are extra rows of the pass, in ``pass_rows``).
+            stats.observe(offered, accepted, int(committed == verdict.accepted + 1), t1 - t0, verify_s)
             shadow = row_acceptance(target_probs[0])
-            planner.observe(len(draft.tokens), verdict.accepted, t1 - t0, verify_s, shadow, verify_rows)
+            planner.observe(offered, verdict.accepted, t1 - t0, verify_s, shadow, verify_rows)
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 drafter.observe(context, accepted)
@@ -379,3 +405,25 @@ class Engine:
             if request.finish_reason is not None:
                 return count
         return len(tokens)
+
+
+def tree_distributions(
+    logits: Any,
+    params: SamplingParams,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    tokens: list[int],
+    parents: list[int],
+) -> NDArray[np.float64]:
+    """Final distributions (n + 1, V) of a tree's verify rows: row 0 the pending token's, row
+    j + 1 node j's, each with its own history (the output, then the drafts on its path), as
+    ``final_distributions`` gives a chain's."""
+    if not params.penalised:  # the history changes nothing: one pass over all rows
+        return final_distributions(logits, params, prompt, output, tokens)
+    rows = []
+    paths: list[list[int]] = [[]]  # the drafts before each row
+    for node, parent in enumerate(parents):
+        paths.append([*paths[parent + 1], tokens[node]])
+    for row, path in enumerate(paths):
+        rows.append(final_distributions(logits[row : row + 1], params, prompt, [*output, *path], [])[0])
+    return np.stack(rows)

@@ -232,7 +232,5 @@ def row_acceptance(target_row: NDArray[np.float64]) -> ShadowAcceptance:
 
 
 def prefix(draft: Draft, k: int) -> Draft:
-    """The first k tokens of a draft, with their rows and source."""
-    if len(draft.tokens) <= k:
-        return draft
-    return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], draft.source)
+    """The first k tokens (a tree's first k nodes) of a draft, with their rows and source."""
+    return draft.first(k)

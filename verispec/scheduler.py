@@ -140,6 +140,7 @@ class Scheduler:
         self._forked = None
         sequence = self._free.pop(0)
         drafter = forked or request.drafter
+        request.trees = False  # shared passes hold chains: a tree proposal is cut to its main chain
         running = Running(request, sequence, drafter, self.engine.lifecycle(request, sequence, drafter))
         self.running.append(running)
         return running

@@ -169,3 +169,24 @@ def test_engine_scopes_keep_caches_apart(tiny_engine):
 def test_bad_options_are_refused(tiny_engine, options):
     with pytest.raises(DrafterError):
         tiny_engine.drafter("suffix", **options)
+
+
+def test_trees_grow_best_first_and_every_prefix_is_the_best_smaller_tree():
+    drafter = SuffixDrafter(SuffixCache(1000), min_score=0.0, branches=2)
+    for tail in ([10, 11], [10, 11], [10, 12], [20, 21]):
+        run(drafter, [1, 2, 3, *tail])
+    draft = proposal(drafter, [0, 1, 2, 3], 8)
+    # 10 follows in 3 of 4 (score .75), then 11 in 2 of those 3 (.5); 20 (.25) was a candidate
+    # before 12 (.25), so it comes first; 21 follows 20 always (.25); 12 has nothing after it.
+    assert draft.tokens == [10, 11, 20, 12, 21] and draft.parents == [-1, 0, -1, 0, 2]
+    assert drafter.last.scores == pytest.approx([0.75, 0.5, 0.25, 0.25, 0.25])
+    assert draft.is_tree and draft.main_chain().tokens == [10, 11]
+    for k in range(1, 6):
+        smaller = proposal(drafter, [0, 1, 2, 3], k)
+        assert (smaller.tokens, smaller.parents) == (draft.tokens[:k], draft.parents[:k])
+        assert draft.first(k) == smaller
+    assert not proposal(drafter, [0, 1, 2, 3], 2).is_tree  # the best 2 nodes are a chain
+    strict = SuffixDrafter(drafter.cache, min_score=0.3, branches=2)
+    assert proposal(strict, [0, 1, 2, 3], 8).tokens == [10, 11]  # nothing else scores 0.3
+    chain = SuffixDrafter(drafter.cache, min_score=0.0)
+    assert proposal(chain, [0, 1, 2, 3], 8).tokens == [10, 11] and chain.last.parents == [-1, 0]

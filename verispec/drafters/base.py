@@ -53,15 +53,54 @@ class Draft:
     ``source``: what the proposal is based on, where a drafter's acceptance differs by it
     (prompt lookup: the length of the matched n-gram); the governor keeps its acceptance
     estimates per source. None: one kind of proposal.
+
+    ``parents``: None for a chain (token i follows token i - 1); for a tree, token i's parent
+    node, -1 for the pending token (``verispec.accept_tree``). A tree lists its nodes so that
+    every prefix of the list is a tree (parents first): a round may verify its first k nodes.
     """
 
     tokens: list[int]
     probs: NDArray[np.float64] | None = None
     source: Hashable = None
+    parents: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):
             raise ValueError(f"{len(self.tokens)} draft tokens but {self.probs.shape[0]} draft rows")
+        if self.parents is not None:
+            if len(self.parents) != len(self.tokens):
+                raise ValueError(f"{len(self.tokens)} draft tokens but {len(self.parents)} parents")
+            if any(not -1 <= parent < node for node, parent in enumerate(self.parents)):
+                raise ValueError(f"a tree's parents must come before their children: {self.parents}")
+
+    @property
+    def is_tree(self) -> bool:
+        """More than one candidate at some position (a chain given as a tree is not one)."""
+        return self.parents is not None and any(parent != node - 1 for node, parent in enumerate(self.parents))
+
+    def first(self, k: int) -> Draft:
+        """The first k tokens (nodes), with their rows, source and parents."""
+        if len(self.tokens) <= k:
+            return self
+        probs = None if self.probs is None else self.probs[:k]
+        parents = None if self.parents is None else self.parents[:k]
+        return Draft(self.tokens[:k], probs, self.source, parents)
+
+    def main_chain(self) -> Draft:
+        """A tree's first path: each position's first child (the drafter's best guess)."""
+        if not self.is_tree:
+            return Draft(self.tokens, self.probs, self.source)
+        assert self.parents is not None
+        nodes: list[int] = []
+        current = -1
+        while True:
+            child = next((node for node, parent in enumerate(self.parents) if parent == current), None)
+            if child is None:
+                break
+            nodes.append(child)
+            current = child
+        probs = None if self.probs is None else self.probs[nodes]
+        return Draft([self.tokens[i] for i in nodes], probs, self.source)
 
 
 NO_DRAFT = Draft(tokens=[])

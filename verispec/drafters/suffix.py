@@ -20,6 +20,14 @@ Terms:
   proposal follows the most frequent child while the product of frequencies stays at least
   ``min_score`` (ties: the most recent occurrence wins, the request's own before the cache).
 
+With ``branches`` > 1 (option ``suffix_branches``) the proposal is a tree: each node's
+``branches`` most frequent continuations are candidates, and nodes are taken best first by
+score (the product of frequencies from the root: the estimated chance that the whole path is
+right) while the score is at least ``min_score``. Nodes come out parents first, so the first
+k nodes are the best k-node tree under these estimates, and a node budget that one path fills
+best gives a chain. The engine verifies a tree in one pass (``verispec.accept_tree``) where
+the target can (``verify_tree``), else the tree's main chain.
+
 Drafts are deterministic, so q is a point mass. A proposal's source is (match length bucket,
 first frequency bucket): the governor keeps acceptance estimates per source, as it does for
 lookup's n. Proposing is a read (``pure_proposals``): a proposal of k tokens is the first k of
@@ -31,9 +39,10 @@ The cache never mixes scopes: the server gives each API key's requests a drafter
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -210,13 +219,24 @@ class _Local:
 
 @dataclass(frozen=True)
 class Walk:
-    """A proposal and what it rests on: its tokens, the match length, the node's count and the
-    frequency of each proposed token among the occurrences still following the walk."""
+    """A proposal and what it rests on: its tokens (a tree's nodes, parents first), the match
+    length, the node's count, each token's frequency among the occurrences that reached its
+    parent, and ``parents`` (-1: the pending token; a chain's are -1, 0, 1, ...)."""
 
     tokens: list[int]
     match: int
     count: int
     frequencies: list[float]
+    parents: list[int] = field(default_factory=list)
+
+    @property
+    def scores(self) -> list[float]:
+        """Each node's estimated chance that its whole path is right: the product of the
+        frequencies from the root to it."""
+        out: list[float] = []
+        for frequency, parent in zip(self.frequencies, self.parents, strict=True):
+            out.append(frequency * (out[parent] if parent >= 0 else 1.0))
+        return out
 
 
 def match_lengths(store: NDArray[np.int64], positions: Positions, context: NDArray[np.int64], limit: int) -> Positions:
@@ -238,45 +258,68 @@ def match_lengths(store: NDArray[np.int64], positions: Positions, context: NDArr
     return lengths
 
 
-def walk(stores: Sequence[tuple[NDArray[np.int64], Positions]], k: int, min_score: float, match: int) -> Walk:
-    """Follow the most frequent continuation of the occurrences ``positions`` in each store
-    (the request's own last: it wins ties), up to k tokens while the product of frequencies
-    stays at least ``min_score``."""
-    tokens: list[int] = []
-    frequencies: list[float] = []
+Stores = list[tuple[NDArray[np.int64], Positions]]
+
+
+def _continuations(stores: Stores, branches: int) -> tuple[int, list[tuple[int, int, Stores]]]:
+    """The tokens that follow the occurrences (positions point at the next token), the most
+    frequent ``branches`` of them with their counts and their occurrences one token further,
+    most frequent first (ties: the most recent occurrence, the request's own store last in
+    ``stores`` and so first); and how many occurrences have a next token at all."""
+    nexts, recency = [], []
+    for rank, (store, positions) in enumerate(stores):
+        inside = positions < store.shape[0]
+        following = np.full(positions.shape[0], SEPARATOR, dtype=np.int64)
+        following[inside] = store[positions[inside]]
+        nexts.append(following)
+        recency.append(rank * (1 << 40) + positions)
+    following = np.concatenate(nexts) if nexts else np.zeros(0, dtype=np.int64)
+    alive = following >= 0
+    if not alive.any():
+        return 0, []
+    values, counts = np.unique(following[alive], return_counts=True)
+    ranked = np.concatenate(recency)[alive]
+    latest = np.full(values.shape[0], -1, dtype=np.int64)
+    np.maximum.at(latest, np.searchsorted(values, following[alive]), ranked)
+    order = np.lexsort((-latest, -counts))[:branches]  # count first, then recency, both descending
+    children = []
+    for i in order.tolist():
+        token = int(values[i])
+        advanced = [(store, positions[nxt == token] + 1) for (store, positions), nxt in zip(stores, nexts, strict=True)]
+        children.append((token, int(counts[i]), [(st, p) for st, p in advanced if p.shape[0]]))
+    return int(alive.sum()), children
+
+
+def walk(stores: Stores, k: int, min_score: float, match: int, branches: int = 1) -> Walk:
+    """Grow a draft from the occurrences ``positions`` (each pointing at the token after a
+    match) in each store (the request's own last: it wins ties): up to ``k`` nodes, best
+    first by score (the product of frequencies from the root), each node's ``branches`` most
+    frequent continuations its candidates, none scoring below ``min_score``. With one branch
+    this is the chain of most frequent continuations; with more, the nodes come out parents
+    first, so any first k of them are a tree (the best k-node tree under these estimates)."""
     count = sum(int(p.shape[0]) for _, p in stores)
-    score = 1.0
+    found = Walk([], match, count, [], [])
     live = [(store, positions) for store, positions in stores if positions.shape[0]]
-    for depth in range(k):
-        nexts, recency = [], []
-        for rank, (store, positions) in enumerate(live):
-            inside = positions + depth < store.shape[0]
-            nxt = np.full(positions.shape[0], SEPARATOR, dtype=np.int64)
-            nxt[inside] = store[positions[inside] + depth]
-            nexts.append(nxt)
-            recency.append(rank * (1 << 40) + positions)
-        following = np.concatenate(nexts) if nexts else np.zeros(0, dtype=np.int64)
-        ranked = np.concatenate(recency) if recency else np.zeros(0, dtype=np.int64)
-        alive = following >= 0
-        if not alive.any():
-            break
-        values, counts = np.unique(following[alive], return_counts=True)
-        best_count = int(counts.max())
-        tied = values[counts == best_count]
-        if tied.shape[0] > 1:  # the most recent occurrence among the tied tokens
-            latest = [int(ranked[alive][following[alive] == v].max()) for v in tied]
-            choice = int(tied[int(np.argmax(latest))])
-        else:
-            choice = int(tied[0])
-        frequency = best_count / int(alive.sum())
-        if score * frequency < min_score:
-            break
-        score *= frequency
-        tokens.append(choice)
-        frequencies.append(frequency)
-        live = [(store, positions[nxt == choice]) for (store, positions), nxt in zip(live, nexts, strict=True)]
-        live = [(store, positions) for store, positions in live if positions.shape[0]]
-    return Walk(tokens, match, count, frequencies)
+    heap: list[tuple[float, int, int, int, float, Stores]] = []  # (-score, order, parent, token, frequency, stores)
+    pushed = 0
+
+    def expand(parent: int, score: float, node_stores: Stores) -> None:
+        nonlocal pushed
+        total, children = _continuations(node_stores, branches)
+        for token, child_count, advanced in children:
+            frequency = child_count / total
+            if score * frequency >= min_score:
+                heapq.heappush(heap, (-score * frequency, pushed, parent, token, frequency, advanced))
+                pushed += 1
+
+    expand(-1, 1.0, live)
+    while heap and len(found.tokens) < k:
+        negative, _, parent, token, frequency, advanced = heapq.heappop(heap)
+        found.tokens.append(token)
+        found.frequencies.append(frequency)
+        found.parents.append(parent)
+        expand(len(found.tokens) - 1, -negative, advanced)
+    return found
 
 
 def source_of(found: Walk) -> tuple[int, int]:
@@ -297,19 +340,22 @@ class SuffixDrafter:
         *,
         max_match: int = DEFAULT_MAX_MATCH,
         min_score: float = DEFAULT_MIN_SCORE,
+        branches: int = 1,
     ) -> None:
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
             raise DrafterError(f"suffix needs max_match >= 1, got {max_match!r}")
         if not 0.0 <= min_score <= 1.0:
             raise DrafterError(f"suffix needs min_score in [0, 1], got {min_score!r}")
+        if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+            raise DrafterError(f"suffix needs branches >= 1 (1: chains), got {branches!r}")
         self.cache = cache if cache is not None else SuffixCache()
-        self.max_match, self.min_score = max_match, min_score
+        self.max_match, self.min_score, self.branches = max_match, min_score, branches
         self.local = _Local()
         self.last: Walk | None = None  # the latest proposal's walk (for tests and reports)
 
     def fork(self, target: object) -> SuffixDrafter:
         """A drafter for another request at the same time: its own document, the same cache."""
-        return SuffixDrafter(self.cache, max_match=self.max_match, min_score=self.min_score)
+        return SuffixDrafter(self.cache, max_match=self.max_match, min_score=self.min_score, branches=self.branches)
 
     def reset(self) -> None:
         """The request ended (or a new one begins): its document joins the cache."""
@@ -329,7 +375,8 @@ class SuffixDrafter:
         self.last = found
         if not found.tokens:
             return NO_DRAFT
-        return Draft(tokens=found.tokens, source=source_of(found))
+        parents = found.parents if self.branches > 1 else None
+        return Draft(tokens=found.tokens, source=source_of(found), parents=parents)
 
     def search(self, k: int) -> Walk:
         """The walk from the deepest node the context reaches in either store."""
@@ -353,7 +400,7 @@ class SuffixDrafter:
             return Walk([], 0, 0, [])
         deepest = max(int(lengths.max()) for _, _, lengths in candidates)
         node = [(store, positions[lengths >= deepest]) for store, positions, lengths in candidates]
-        return walk(node, k, self.min_score, deepest)
+        return walk(node, k, self.min_score, deepest, self.branches)
 
     def observe(self, context: Sequence[int], accepted: int) -> None:
         self._sync(context)
@@ -376,4 +423,5 @@ def _build(context: DrafterContext) -> SuffixDrafter:
         SuffixCache(tokens),
         max_match=context.option("suffix_max_match", DEFAULT_MAX_MATCH),
         min_score=context.option("suffix_min_score", DEFAULT_MIN_SCORE),
+        branches=context.option("suffix_branches", 1),
     )
