@@ -12,7 +12,8 @@ Options of verispec configurations: ``k`` (drafts per round: ``auto`` or a numbe
 bf16, int8, int4), ``exact`` (on or off; torch), ``confidence`` (the trained
 drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained drafters'
 weights directory, as ``--drafter-weights``: two trainings compared in one run), ``cache``
-(the suffix drafter's cross-request cache in tokens; 0: off).
+(the suffix drafter's cross-request cache in tokens; 0: off), ``branches`` (the suffix
+drafter's candidates per node: 1 drafts chains, more drafts trees).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -31,7 +32,7 @@ from verispec.errors import UserError
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache"}
+VERISPEC_OPTIONS = {"k", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches"}
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
 
@@ -82,6 +83,8 @@ class BenchConfig:
             options["drafter_weights"] = self.options["weights"]
         if "cache" in self.options:
             options["suffix_cache_tokens"] = self.int_option("cache", 0)
+        if "branches" in self.options:
+            options["suffix_branches"] = self.int_option("branches", 1)
         return options
 
     def k_option(self, default: int | str) -> int | str:
