@@ -371,6 +371,8 @@ class Engine:
                 path = verdict.path
                 kept, offered = [draft.tokens[node] for node in path], int(max(tree_depths(tree)))
                 target.keep_path(path)  # type: ignore[attr-defined]  # the cache keeps the path
+                stats.tree_rounds += 1
+                stats.tree_nodes += len(tree)
             # The verify's cost: its pass (shared with other requests under a scheduler) and the rule.
             verify_s = verify_seconds + time.perf_counter() - t2
 

@@ -50,6 +50,10 @@ class RequestStats:
     # rounds, the requests in each pass (itself included) and the pass's rows.
     pass_requests: int = 0
     pass_rows: int = 0
+    # Rounds that verified a tree of drafts (``offered`` counts a tree's depth), and the tree
+    # nodes they verified: a tree's other candidates are extra rows, not extra positions.
+    tree_rounds: int = 0
+    tree_nodes: int = 0
 
     def observe_pass(self, requests: int, rows: int) -> None:
         """The round's verify pass held ``requests`` requests (>= 1) and ``rows`` rows."""
@@ -251,6 +255,8 @@ class RequestStats:
             "pays": self.pays,
             "pass_requests": self.pass_requests,
             "pass_rows": self.pass_rows,
+            "tree_rounds": self.tree_rounds,
+            "tree_nodes": self.tree_nodes,
             "mean_batch_size": self.mean_batch_size,
             "mean_rows_per_pass": self.mean_rows_per_pass,
         }
@@ -273,4 +279,6 @@ _SUMMED = (
     "governor_shadow_drafts",
     "pass_requests",
     "pass_rows",
+    "tree_rounds",
+    "tree_nodes",
 )

@@ -119,3 +119,10 @@ def test_passes_shared_with_other_requests_are_counted_and_add_up():
     for requests, rows in ((0, 1), (3, 2)):
         with pytest.raises(ValueError, match="impossible pass"):
             stats.observe_pass(requests, rows)
+
+
+def test_tree_rounds_are_counted_round_trip_and_add_up():
+    stats = RequestStats(tree_rounds=2, tree_nodes=11)
+    assert RequestStats.from_dict(stats.as_dict()) == stats
+    total = RequestStats.total([stats, stats])
+    assert (total.tree_rounds, total.tree_nodes) == (4, 22)
