@@ -277,3 +277,56 @@ def test_trees_are_exact_with_a_head_dim_off_the_vector_width(tmp_path):
     expected = plain_rows(target, LONG_PROMPT, ids, parents)
     target.prefill(LONG_PROMPT)
     np.testing.assert_array_equal(target.verify_tree(ids, parents), expected)
+
+
+@pytest.mark.slow
+def test_embedded_trees_equal_single_steps_and_time_one_pass():
+    # The embedded model (30 layers, Q4_1 and Q8_0, head_dim 64) at ~300 tokens of context.
+    # The plain rows roll back to the prompt instead of prefilling it again (rollback is exact).
+    import time
+
+    from verispec.api import load_engine
+    from verispec.prompts import load_prompts, select
+
+    engine = load_engine(None)
+    target = engine.target
+    assert target.path == "kernels" and target.tree_verify_exact
+    text = select(load_prompts(), categories=["summarization"], per_category=1)[0].text
+    prompt = list(engine.encode(text))[:300]
+    assert len(prompt) == 300
+    parents = SHAPES["deep and wide"]
+    par = np.array(parents)
+    ids = [prompt[(37 * j) % len(prompt)] for j in range(len(parents) + 1)]  # tokens of the text itself
+    target.prefill(prompt)
+    expected = []
+    for node in range(-1, len(parents)):
+        target.rollback(len(prompt))
+        for token in path_ids(ids, node_path(par, node)):
+            last = target.verify([token])[0]
+        expected.append(last)
+    target.rollback(len(prompt))
+    np.testing.assert_array_equal(target.verify_tree(ids, parents), np.stack(expected))
+    for path in ([1, 4], [0, 3, 9]):
+        target.rollback(len(prompt))
+        for token in path_ids(ids, path):
+            target.verify([token])
+        after = target.verify([ids[5], ids[7]])
+        target.rollback(len(prompt))
+        target.verify_tree(ids, parents)
+        target.keep_path(path)
+        np.testing.assert_array_equal(target.verify([ids[5], ids[7]]), after)
+
+    def best_of_ten(step):
+        times = []
+        for _ in range(10):
+            target.rollback(len(prompt))
+            began = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    tree_parents = [-1, -1, 0, 0, 1, 2, 2, 5]  # 8 nodes: 9 rows, as a chain of 9 tokens
+    tree = best_of_ten(lambda: target.verify_tree(ids[:9], tree_parents))
+    chain = best_of_ten(lambda: target.verify(ids[:9]))
+    print(f"\n  at {len(prompt)} tokens, best of 10: verify_tree of 8 nodes {tree * 1e3:.1f} ms,", end="")
+    print(f" verify of 9 tokens {chain * 1e3:.1f} ms")
