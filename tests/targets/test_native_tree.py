@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests import tiny
 from verispec.native import decoder as native_decoder
-from verispec.targets.base import TargetError
+from verispec.targets.base import HiddenCapture, TargetError
 from verispec.targets.native import NativeTarget
 from verispec.targets.native_tree import node_path, path_ids
 
@@ -108,6 +108,29 @@ def test_keeping_a_path_continues_as_plain_decoding_of_it(target, shape):
         target.keep_path(path)
         assert target.cached_tokens == len(LONG_PROMPT) + 1 + len(path)
         np.testing.assert_array_equal(target.verify(after), expected, err_msg=f"path {path}")
+
+
+def test_captured_states_follow_the_tree_and_the_kept_path(target):
+    # A trained drafter reads last_hidden: one row per tree row after verify_tree (each the
+    # state plain decoding reaches along its path), the root's and the path's after keep_path.
+    parents = SHAPES["deep and wide"]
+    par = np.array(parents, dtype=np.int64)
+    ids = tree_ids(parents, seed=8)
+    target.capture_hidden(HiddenCapture(layers=(1, 2)))
+    try:
+        single = []
+        for node in range(-1, len(parents)):
+            target.prefill(PROMPT)
+            for token in path_ids(ids, node_path(par, node)):
+                target.verify([token])
+            single.append(target.last_hidden[-1])
+        target.prefill(PROMPT)
+        target.verify_tree(ids, parents)
+        assert torch.equal(target.last_hidden, torch.stack(single))
+        target.keep_path([0, 2, 6])
+        assert torch.equal(target.last_hidden, torch.stack([single[0], single[1], single[3], single[7]]))
+    finally:
+        target.capture_hidden(None)
 
 
 def test_a_chain_equals_a_plain_verify(tiny_dir):
