@@ -12,6 +12,16 @@ layers = the final normed state).
 list of ``Segment(slot, start, ids, logits)``; it returns the logits of the segments that
 ask for them, stacked in order (or None), and the hidden states of every row.
 
+``forward_tree(ids, start, parents, logits, capture, slot)`` runs a token tree of one
+sequence in one pass (tree verification): ``ids`` = [root, node 0, ..., node n-1], the root
+being the pending token; ``parents`` (n,) as in ``accept_tree`` (node j's parent < j, -1 for
+the root). Row r writes its keys and values at cache slot ``start + r``, sits at position
+``start + depth(r)`` and attends to the prefix [0, start) and its own path (root, ancestors,
+itself): its logits are the single step's at that position after decoding that path.
+``keep_path(start, path, slot)`` then moves the accepted nodes' keys and values (``path``,
+nodes root to leaf) to slots ``start + 1``, ``start + 2``, ..., where plain decoding of the
+path would have written them; the cache is then valid up to ``start + 1 + len(path)``.
+
 - ``KernelDecoder``: the C++ kernels of ``csrc/decoder.cpp`` (CPU). Weights stay in their
   packed formats; every row's arithmetic is its own, so rows are bit-identical to single steps.
 - ``TorchDecoder``: the same model in torch operations on dequantised weights, for devices
@@ -32,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verispec.accept_tree import ancestor_mask, checked_parents, tree_depths
 from verispec.native import formats
 from verispec.native.checkpoint import Checkpoint, CheckpointError
 
@@ -131,6 +142,23 @@ class KernelDecoder:
         out, hidden = self._decoder.forward_segments(ids, table, list(capture))
         return out, hidden
 
+    def forward_tree(
+        self,
+        ids: list[int],
+        start: int,
+        parents: Sequence[int],
+        logits: bool,
+        capture: tuple[int, ...] = (),
+        slot: int = 0,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        parents_t = torch.tensor(list(parents), dtype=torch.long)
+        out, hidden = self._decoder.forward_tree(ids_t, slot, start, parents_t, logits, list(capture))
+        return out, hidden
+
+    def keep_path(self, start: int, path: Sequence[int], slot: int = 0) -> None:
+        self._decoder.keep_path(slot, start, torch.tensor(list(path), dtype=torch.long))
+
 
 @dataclass
 class _TorchLayer:
@@ -216,17 +244,61 @@ class TorchDecoder:
     def forward(
         self, ids: list[int], start: int, logits: bool, capture: tuple[int, ...] = (), slot: int = 0
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self._run(ids, start, logits, capture, slot, None)
+
+    @torch.inference_mode()
+    def forward_tree(
+        self,
+        ids: list[int],
+        start: int,
+        parents: Sequence[int],
+        logits: bool,
+        capture: tuple[int, ...] = (),
+        slot: int = 0,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        par = checked_parents(parents)
+        if len(ids) != par.shape[0] + 1:
+            raise CheckpointError(f"{par.shape[0]} nodes take {par.shape[0] + 1} ids (the root first), got {len(ids)}")
+        return self._run(ids, start, logits, capture, slot, par)
+
+    @torch.inference_mode()
+    def keep_path(self, start: int, path: Sequence[int], slot: int = 0) -> None:
+        # In depth order: a node's slot lies at or past its target, so no source is overwritten first.
+        for depth, node in enumerate(path, start=1):
+            self.keys[slot, :, :, start + depth] = self.keys[slot, :, :, start + 1 + node]
+            self.values[slot, :, :, start + depth] = self.values[slot, :, :, start + 1 + node]
+
+    def _run(
+        self,
+        ids: list[int],
+        start: int,
+        logits: bool,
+        capture: tuple[int, ...],
+        slot: int,
+        parents: np.ndarray | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``forward``, or ``forward_tree`` when ``parents`` is given: then each row sits at
+        position start + its depth and sees the prefix and its own path (an ancestor mask)."""
         rows = len(ids)
         if start + rows > self.keys.shape[3]:
             raise CheckpointError(f"positions {start}..{start + rows} exceed the context of {self.keys.shape[3]}")
         began = time.perf_counter()
         positions = torch.arange(start, start + rows, device=self.device)
+        visible = None
+        if parents is not None:
+            depths = np.concatenate([[0], tree_depths(parents)])
+            positions = start + torch.from_numpy(depths).to(self.device)
+            visible = torch.ones(rows, start + rows, dtype=torch.bool, device=self.device)
+            visible[:, start:] = torch.from_numpy(ancestor_mask(parents)).to(self.device)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         x = self.embed[torch.tensor(ids, device=self.device)].float()
         states = {0: x}
         for index, layer in enumerate(self.layers):
             keys, values = self.keys[slot, index], self.values[slot, index]
-            x = self._layer(x, layer, keys, values, cos, sin, start, self.shape, self.eps)
+            if visible is None:
+                x = self._layer(x, layer, keys, values, cos, sin, start, self.shape, self.eps)
+            else:  # not compiled: trees are the rarer pass, and a mask would be one more graph
+                x = decoder_layer(x, layer, keys, values, cos, sin, start, self.shape, self.eps, visible)
             states[index + 1] = x
         final = rms_norm(x, self.norm, self.eps)
         states[len(self.layers)] = final
@@ -271,30 +343,37 @@ def decoder_layer(
     start: int,
     shape: _Shape,
     eps: float,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One layer for rows at positions start, start + 1, ...: x (rows, hidden) float32; keys
-    and values (kv_heads, context, head_dim) are this layer's cache, written in place."""
+    and values (kv_heads, context, head_dim) are this layer's cache, written in place at
+    slots start, start + 1, .... ``visible`` (rows, start + rows) bool, when given, replaces
+    the causal mask (tree rows, whose positions ``cos`` and ``sin`` carry)."""
     rows, heads, kv_heads, dim = x.shape[0], shape.heads, shape.kv_heads, shape.head_dim
     qkv = linear(rms_norm(x, layer.attn_norm, eps), layer.qkv, layer.qkv_bias)
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
     q = rope(q.view(rows, heads, dim), cos, sin)
     keys[:, start : start + rows] = rope(k.view(rows, kv_heads, dim), cos, sin).transpose(0, 1).to(keys.dtype)
     values[:, start : start + rows] = v.view(rows, kv_heads, dim).transpose(0, 1).to(values.dtype)
-    attn = attend(q, keys[:, : start + rows].float(), values[:, : start + rows].float(), start)
+    attn = attend(q, keys[:, : start + rows].float(), values[:, : start + rows].float(), start, visible)
     x = x + linear(attn, layer.o)
     gate, up = linear(rms_norm(x, layer.ffn_norm, eps), layer.gate_up).chunk(2, dim=-1)
     return x + linear(torch.nn.functional.silu(gate) * up, layer.down)
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """Causal grouped-query attention: q (rows, H, D) at positions start.. over keys and
-    values (G, start + rows, D); row r sees keys 0 .. start + r."""
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, visible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Grouped-query attention: q (rows, H, D) at positions start.. over keys and values
+    (G, start + rows, D); row r sees keys 0 .. start + r (causal), or those ``visible``
+    (rows, start + rows) marks."""
     rows, heads, dim = q.shape
     groups, length = keys.shape[0], keys.shape[1]
     grouped = q.view(rows, groups, heads // groups, dim).permute(1, 0, 2, 3).reshape(groups, -1, dim)
     scores = torch.matmul(grouped, keys.transpose(1, 2)) / dim**0.5  # (G, rows * H/G, length)
-    position = torch.arange(start, start + rows, device=q.device)[:, None]
-    visible = torch.arange(length, device=q.device)[None, :] <= position  # (rows, length)
+    if visible is None:
+        position = torch.arange(start, start + rows, device=q.device)[:, None]
+        visible = torch.arange(length, device=q.device)[None, :] <= position  # (rows, length)
     scores = scores.view(groups, rows, heads // groups, length).masked_fill(~visible[None, :, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1).view(groups, -1, length)
     out = torch.matmul(weights, values).view(groups, rows, heads // groups, dim).permute(1, 0, 2, 3)

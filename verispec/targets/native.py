@@ -16,6 +16,12 @@ Sequences: the cache holds ``slots`` sequences side by side. The target itself i
 passes of several sequences as one forward pass (continuous batching: the engine's
 scheduler). Rows stay bit-identical to single steps whatever shares their pass: the
 self-test checks it across two sequences too.
+
+Trees: ``verify_tree(ids, parents)`` verifies a token tree of one sequence in one pass (see
+``native_tree``), each row bit-identical to the single step plain decoding would run along
+its path; ``keep_path(path)`` then keeps the accepted path in the cache. The self-test checks
+a small tree too; where that fails, each root-to-leaf path is verified on its own (exact,
+slower), with a warning.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from verispec.native import checkpoint as checkpoints
 from verispec.native import kernels
 from verispec.native.decoder import KernelDecoder, Segment, TorchDecoder
 from verispec.targets.base import HiddenCapture, Logits, Pass, TargetError
+from verispec.targets.native_tree import TreeRound, checked_path, checked_tree, leaf_paths, path_ids
 
 DEFAULT_CONTEXT = 8192  # positions, capped by the model's trained context
 PREFILL_CHUNK = 256  # prompt tokens per forward pass while prefilling
@@ -112,15 +120,23 @@ class NativeTarget:
         self._lengths = [0] * slots
         self._captures: list[HiddenCapture | None] = [None] * slots
         self._hidden: list[torch.Tensor | None] = [None] * slots
+        self._trees: list[TreeRound | None] = [None] * slots  # a tree pass whose path is not yet kept
         self._sequences = [NativeSequence(self, i) for i in range(slots)]
         self._embeddings: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
         self._fingerprint: str | None = None
+        self.tree_verify_exact = False  # set by the self-test
         self.batched_verify_exact = self.self_test()
         if not self.batched_verify_exact:
             warnings.warn(
                 f"{name}: verify rows differ from single steps on the native {self.decoder.path} path; "
                 "verifying row by row to stay exact (slower)",
+                stacklevel=2,
+            )
+        elif not self.tree_verify_exact:
+            warnings.warn(
+                f"{name}: tree verify rows differ from single steps on the native {self.decoder.path} path; "
+                "verifying each root-to-leaf path on its own to stay exact (slower)",
                 stacklevel=2,
             )
 
@@ -176,6 +192,23 @@ class NativeTarget:
     def rollback(self, length: int) -> None:
         self._rollback(0, length)
 
+    def verify_tree(self, token_ids: Sequence[int], parents: Sequence[int]) -> Logits:
+        """Verify a token tree in one pass: ``token_ids`` = [root, node 0, ..., node n-1], the
+        root being the pending token (as ``verify``'s first id), ``parents`` (n,) as in
+        ``accept_tree`` (node j's parent < j, -1 for the root). Returns (n + 1, V) float32
+        logits: row 0 the root's, row j + 1 node j's, each exactly what single steps along
+        that node's path would give. Afterwards ``cached_tokens`` is the root's position + 1
+        (the tree's other rows are not a sequence yet): call ``keep_path`` with the accepted
+        path before the next pass, or ``rollback`` to drop the whole tree."""
+        return self._verify_tree(0, token_ids, parents)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After ``verify_tree``: keep the accepted ``path`` (nodes root to leaf, each the
+        child of the one before; may be empty) as if its tokens had been decoded one by one,
+        so ``cached_tokens`` becomes the root's position + 1 + len(path). The captured hidden
+        states (``last_hidden``) become the rows of the root and the path."""
+        self._keep_path(0, path)
+
     # --- several sequences ---------------------------------------------------------------
 
     def sequence(self, slot: int) -> NativeSequence:
@@ -196,6 +229,8 @@ class NativeTarget:
             if p.sequence.owner is not self or not p.ids:
                 raise TargetError("each pass needs tokens of one of this target's sequences")
             self._check_room(p.sequence.slot, len(p.ids))
+        for slot in slots:
+            self._trees[slot] = None
         if not self.batched_verify_exact:  # rows may not be stacked: one sequence at a time, row by row
             return [self._pass_alone(p) for p in passes]
         layers = sorted({i for p in passes if (c := self._captures[p.sequence.slot]) is not None for i in c.layers})
@@ -233,6 +268,7 @@ class NativeTarget:
 
     def _reset(self, slot: int) -> None:
         self._lengths[slot] = 0
+        self._trees[slot] = None
         capture = self._captures[slot]
         # A capturing sequence starts with no states (an empty prefill leaves it so).
         self._hidden[slot] = None if capture is None else torch.zeros(0, len(capture.layers) * self.hidden_size)
@@ -265,6 +301,7 @@ class NativeTarget:
         if not token_ids:
             raise TargetError("verify needs at least one token")
         self._check_room(slot, len(token_ids))
+        self._trees[slot] = None
         ids = list(token_ids)
         if self.batched_verify_exact:
             logits, hidden = self._forward(slot, ids, logits=True)
@@ -281,12 +318,54 @@ class NativeTarget:
         if not 0 <= length <= self._lengths[slot]:
             raise TargetError(f"cannot roll back to {length}: the cache holds {self._lengths[slot]} positions")
         self._lengths[slot] = length  # the cache is written in place: the next pass overwrites the rest
+        self._trees[slot] = None
+
+    def _verify_tree(self, slot: int, token_ids: Sequence[int], parents: Sequence[int]) -> Logits:
+        ids, par = checked_tree(token_ids, parents, self.vocab_size)
+        self._check_room(slot, len(ids))
+        start = self._lengths[slot]
+        if self.batched_verify_exact and self.tree_verify_exact:
+            capture = self._captures[slot]
+            layers = capture.layers if capture is not None else ()
+            logits, hidden = self.decoder.forward_tree(ids, start, par.tolist(), True, layers, slot)
+            assert logits is not None
+            plain_path = None
+        else:  # each root-to-leaf path as a verify of its own; the last one stays in the cache
+            logits, hidden = torch.empty(len(ids), self.vocab_size), None
+            for plain_path in leaf_paths(par):
+                self._lengths[slot] = start
+                rows = [0] + [node + 1 for node in plain_path]
+                logits[rows] = torch.from_numpy(self._verify(slot, path_ids(ids, plain_path)))
+                if (states := self._hidden[slot]) is not None:
+                    hidden = states.new_empty(len(ids), states.shape[1]) if hidden is None else hidden
+                    hidden[rows] = states
+        self._lengths[slot] = start + 1
+        self._hidden[slot] = hidden
+        self._trees[slot] = TreeRound(start, par, ids, plain_path, hidden)
+        out: Logits = logits.numpy()
+        return out
+
+    def _keep_path(self, slot: int, path: Sequence[int]) -> None:
+        tree = self._trees[slot]
+        if tree is None:
+            raise TargetError("keep_path follows verify_tree (with no other pass, rollback or reset between)")
+        nodes = checked_path(tree.parents, path)
+        if tree.plain_path is None:
+            self.decoder.keep_path(tree.start, nodes, slot)
+        elif tree.plain_path[: len(nodes)] != nodes:  # the fallback cached another path: run this one
+            self._lengths[slot] = tree.start
+            self._verify(slot, path_ids(tree.ids, nodes))
+        self._lengths[slot] = tree.start + 1 + len(nodes)
+        self._hidden[slot] = None if tree.hidden is None else tree.hidden[[0] + [node + 1 for node in nodes]]
+        self._trees[slot] = None
 
     def self_test(self, contexts: tuple[int, ...] = (24, 1030), rows: tuple[int, ...] = (2, 5, 9)) -> bool:
         """Do verify passes of ``rows`` rows give exactly the logits of single steps? Run at
         load on synthetic contexts (token ids spread over the vocabulary), short and past
-        1,024 keys; with several sequences, also in one pass with another sequence's rows."""
-        exact = True
+        1,024 keys; with several sequences, also in one pass with another sequence's rows.
+        On the same contexts it checks a tree pass and a kept path against single steps
+        and sets ``tree_verify_exact``."""
+        exact = tree_exact = True
         captures, self._captures = self._captures, [None] * self.slots
         for context in sorted({min(c, self._context - max(rows)) for c in contexts}):
             ids = [(7919 * i + 11) % self.vocab_size for i in range(context + max(rows))]
@@ -298,6 +377,7 @@ class NativeTarget:
                 block, _ = self._forward(0, ids[context : context + count], logits=True)
                 assert block is not None
                 exact = exact and all(torch.equal(block[i], single[i][0]) for i in range(count))  # type: ignore[index]
+            tree_exact = tree_exact and self._tree_exact(context, ids[context:])
             if self.slots > 1:  # the same rows beside a prefill chunk and a verify of sequence 1
                 self._rollback(0, context)
                 other = [(104729 * i + 3) % self.vocab_size for i in range(context + 3)]
@@ -311,7 +391,29 @@ class NativeTarget:
                 self._reset(1)
         self._captures = captures
         self._reset(0)
+        self.tree_verify_exact = tree_exact
         return exact
+
+    def _tree_exact(self, context: int, ids: list[int], parents: tuple[int, ...] = (-1, -1, 0, 0, 1)) -> bool:
+        """Part of the self-test: a tree pass over ``ids`` after ``context`` cached positions
+        of sequence 0, each row against single steps along its path, and one step after
+        keeping the last leaf's path against one after decoding that path."""
+        par = np.array(parents, dtype=np.int64)
+        tree_ids, after = ids[: len(parents) + 1], ids[len(parents) + 1]
+        single: dict[int, torch.Tensor] = {}
+        for path in leaf_paths(par):
+            self._rollback(0, context)
+            for node, token in zip([-1, *path], path_ids(tree_ids, path), strict=True):
+                single[node + 1] = self._forward(0, [token], logits=True)[0][0]  # type: ignore[index]
+        follow = self._forward(0, [after], logits=True)[0]  # after the last path, decoded step by step
+        tree, _ = self.decoder.forward_tree(tree_ids, context, parents, True, (), 0)
+        assert tree is not None and follow is not None
+        exact = all(torch.equal(tree[row], single[row]) for row in range(len(tree_ids)))
+        self.decoder.keep_path(context, path, 0)
+        self._lengths[0] = context + 1 + len(path)
+        kept = self._forward(0, [after], logits=True)[0]
+        assert kept is not None
+        return exact and torch.equal(kept, follow)
 
     def _check_room(self, slot: int, count: int) -> None:
         if self._lengths[slot] + count > self._context:
@@ -411,6 +513,14 @@ class NativeSequence:
 
     def rollback(self, length: int) -> None:
         self.owner._rollback(self.slot, length)
+
+    def verify_tree(self, token_ids: Sequence[int], parents: Sequence[int]) -> Logits:
+        """``NativeTarget.verify_tree`` on this sequence."""
+        return self.owner._verify_tree(self.slot, token_ids, parents)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """``NativeTarget.keep_path`` on this sequence."""
+        self.owner._keep_path(self.slot, path)
 
     def reset(self) -> None:
         self.owner._reset(self.slot)

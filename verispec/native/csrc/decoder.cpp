@@ -591,10 +591,22 @@ struct Layer {
 };
 
 // Rows row0 .. row0 + count of a pass: one sequence (a KV cache slot) at positions start..
+// A tree segment (``parent_row`` set) is a token tree instead: row r still writes its keys
+// and values at cache slot start + r, but sits at position start + depth(r) and attends to
+// the prefix [0, start) and then to its own ancestors' slots and its own, root first.
 struct Segment {
   int64_t slot, start, count, row0;
   bool logits;
+  const int64_t* parent_row = nullptr;  // tree segments: each row's parent row, -1 for row 0
 };
+
+// Depth of each row of a tree segment (0 for the root), or of a plain one (its row index).
+static std::vector<int64_t> row_depths(const Segment& seg) {
+  std::vector<int64_t> depth(seg.count);
+  for (int64_t r = 0; r < seg.count; r++)
+    depth[r] = seg.parent_row == nullptr ? r : seg.parent_row[r] < 0 ? 0 : depth[seg.parent_row[r]] + 1;
+  return depth;
+}
 
 class Decoder {
  public:
@@ -650,9 +662,9 @@ class Decoder {
     TORCH_CHECK(segments.dim() == 2 && segments.size(1) == 4 && segments.scalar_type() == at::kLong,
                 "segments must be an (S, 4) int64 tensor");
     segments = segments.contiguous();
-    const int64_t M = ids.size(0), H = hidden_, L = (int64_t)layers_.size();
+    const int64_t M = ids.size(0);
     std::vector<Segment> segs;
-    int64_t row = 0, logit_rows = 0;
+    int64_t row = 0;
     const int64_t* sp = segments.data_ptr<int64_t>();
     for (int64_t i = 0; i < segments.size(0); i++) {
       Segment seg{sp[4 * i], sp[4 * i + 1], sp[4 * i + 2], row, sp[4 * i + 3] != 0};
@@ -661,10 +673,72 @@ class Decoder {
                   "..", seg.start + seg.count, " exceed the context of ", context_);
       for (const Segment& other : segs) TORCH_CHECK(other.slot != seg.slot, "slot ", seg.slot, " appears twice");
       row += seg.count;
-      if (seg.logits) logit_rows += seg.count;
       segs.push_back(seg);
     }
     TORCH_CHECK(M > 0 && row == M, "segments cover ", row, " rows but ids has ", M);
+    return run(ids, segs, capture);
+  }
+
+  // One pass over a token tree of one sequence: ids [n + 1] = the root (the pending token),
+  // then node 0 .. n-1; parents [n] int64, node j's parent node (< j) or -1 for the root.
+  // Row r (the root, then node r - 1) writes its keys and values at slot start + r of
+  // ``slot`` and sits at position start + depth(r); it attends to [0, start) and then to the
+  // slots of its ancestors and itself in depth order, so its logits are exactly those of the
+  // single step at that position after decoding its path. Returns what forward_segments does.
+  std::vector<at::Tensor> forward_tree(at::Tensor ids, int64_t slot, int64_t start, at::Tensor parents, bool logits,
+                                       std::vector<int64_t> capture) {
+    TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "ids must be a 1-d int64 tensor");
+    TORCH_CHECK(parents.dim() == 1 && parents.scalar_type() == at::kLong, "parents must be a 1-d int64 tensor");
+    const int64_t n = parents.size(0);
+    TORCH_CHECK(ids.size(0) == n + 1, n, " nodes take ", n + 1, " ids (the root first), got ", ids.size(0));
+    TORCH_CHECK(slot >= 0 && slot < slots_, "slot ", slot, " out of range [0, ", slots_, ")");
+    TORCH_CHECK(start >= 0 && start + n + 1 <= context_, "slots ", start, "..", start + n + 1,
+                " exceed the context of ", context_);
+    parents = parents.contiguous();
+    const int64_t* par = parents.data_ptr<int64_t>();
+    std::vector<int64_t> parent_row(n + 1, -1);
+    for (int64_t j = 0; j < n; j++) {
+      TORCH_CHECK(par[j] >= -1 && par[j] < j, "node ", j, " has parent ", par[j], ": must be -1 or a node below ", j);
+      parent_row[j + 1] = par[j] + 1;
+    }
+    Segment seg{slot, start, n + 1, 0, logits};
+    seg.parent_row = parent_row.data();
+    return run(ids, {seg}, capture);
+  }
+
+  // After a tree pass at ``start`` of ``slot``: the accepted path (path [k] int64, nodes root
+  // to leaf, increasing) moves its keys and values from slots start + 1 + node to
+  // start + 1, start + 2, ..., in every layer and KV head, where plain decoding of the path
+  // would have put them. Sources lie at or past their targets, so moving in order is safe.
+  void keep_path(int64_t slot, int64_t start, at::Tensor path) {
+    TORCH_CHECK(path.dim() == 1 && path.scalar_type() == at::kLong, "path must be a 1-d int64 tensor");
+    TORCH_CHECK(slot >= 0 && slot < slots_, "slot ", slot, " out of range [0, ", slots_, ")");
+    path = path.contiguous();
+    const int64_t* nodes = path.data_ptr<int64_t>();
+    const int64_t k = path.size(0), D = head_dim_;
+    for (int64_t d = 0; d < k; d++) {
+      TORCH_CHECK(nodes[d] >= 0 && (d == 0 || nodes[d] > nodes[d - 1]), "path nodes must increase from 0 up");
+      TORCH_CHECK(start >= 0 && start + 1 + nodes[d] < context_, "path node ", nodes[d], " lies past the context");
+    }
+    for (size_t l = 0; l < layers_.size(); l++) {
+      int16_t* kc = keys_[l].data_ptr<int16_t>();
+      int16_t* vc = values_[l].data_ptr<int16_t>();
+      for (int64_t g = slot * kv_heads_; g < (slot + 1) * kv_heads_; g++)
+        for (int64_t d = 0; d < k; d++) {
+          const int64_t from = start + 1 + nodes[d], to = start + 1 + d;
+          if (from == to) continue;
+          for (int64_t i = 0; i < D; i++) kc[key_at(g, to, i)] = kc[key_at(g, from, i)];
+          std::memcpy(vc + (g * context_ + to) * D, vc + (g * context_ + from) * D, D * sizeof(int16_t));
+        }
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> run(at::Tensor ids, const std::vector<Segment>& segs, const std::vector<int64_t>& capture) {
+    const int64_t M = ids.size(0), H = hidden_, L = (int64_t)layers_.size();
+    int64_t logit_rows = 0;
+    for (const Segment& seg : segs)
+      if (seg.logits) logit_rows += seg.count;
     const int64_t* tok = ids.data_ptr<int64_t>();
     for (int64_t r = 0; r < M; r++) TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.rows, "token id out of range");
     at::NoGradGuard no_grad;
@@ -722,6 +796,7 @@ class Decoder {
   }
 
   // y = x W^T for tests of the kernels.
+ public:
   static at::Tensor apply(const Matrix& w, at::Tensor x) {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == w.cols && x.scalar_type() == at::kFloat, "x must be (M, cols) float32");
     x = x.contiguous();
@@ -744,8 +819,9 @@ class Decoder {
     const int64_t M = seg.count, start = seg.start, base = seg.slot * kv_heads_;
     int16_t* kc = keys_[layer].data_ptr<int16_t>();
     int16_t* vc = values_[layer].data_ptr<int16_t>();
+    const std::vector<int64_t> depth = row_depths(seg);
     for (int64_t r = 0; r < M; r++) {
-      const int64_t pos = start + r;
+      const int64_t pos = start + depth[r], at = start + r;  // its position (rope), its cache slot
       const float* c = cos_.data_ptr<float>() + pos * half;
       const float* s = sin_.data_ptr<float>() + pos * half;
       float* row = qkv + r * cols;
@@ -761,8 +837,8 @@ class Decoder {
         const float* k = row + (heads_ + g) * D;
         const float* v = row + (heads_ + kv_heads_ + g) * D;
         for (int64_t i = 0; i < D; i++) {
-          kc[key_at(base + g, pos, i)] = (int16_t)float_to_fp16(k[i]);
-          vc[((base + g) * context_ + pos) * D + i] = (int16_t)float_to_fp16(v[i]);
+          kc[key_at(base + g, at, i)] = (int16_t)float_to_fp16(k[i]);
+          vc[((base + g) * context_ + at) * D + i] = (int16_t)float_to_fp16(v[i]);
         }
       }
     }
@@ -786,6 +862,7 @@ class Decoder {
   // row's result depends neither on the other rows of its segment nor on other segments.
   void attention(const float* qkv, const std::vector<Segment>& segs, int64_t M, int64_t layer, float* out) {
     const int64_t D = head_dim_, group = heads_ / kv_heads_;
+    if (segs.size() == 1 && segs[0].parent_row != nullptr) return attention_tree(qkv, segs[0], layer, out);
 #ifdef VS_AVX2
     if (D % 8 == 0) {
       if (M * heads_ >= 16 * at::get_num_threads())
@@ -822,6 +899,94 @@ class Decoder {
         for (int64_t i = 0; i < D; i++) o[i] *= inv;
       }
     });
+  }
+
+  // attention() for a tree segment. Row r's logical keys are the prefix [0, start) and then
+  // the slots of its path (root, ..., r): as many as the single step at its position has,
+  // in the same order. Its scores are computed on the contiguous slots [0, start + r] (one
+  // FMA chain per key, whatever block the key lies in), gathered into that logical order,
+  // and then go through the same softmax and the same per-dimension FMA chains over V
+  // (rows fetched through the map) as a single step's: the same floats, bit for bit.
+  void attention_tree(const float* qkv, const Segment& seg, int64_t layer, float* out) {
+    const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D, group = heads_ / kv_heads_;
+    const int64_t n = seg.count, start = seg.start;
+    const float scale = 1.0f / std::sqrt((float)D);
+    const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
+    const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
+    std::vector<std::vector<int64_t>> path(n);  // the slots of each row's path, root first
+    for (int64_t r = 0; r < n; r++) {
+      if (seg.parent_row[r] >= 0) path[r] = path[seg.parent_row[r]];
+      path[r].push_back(start + r);
+    }
+    const int64_t widest = (start + n + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / ((start + n) * D));
+    at::parallel_for(0, n * heads_, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> raw(widest), scores(start + n), q(D);
+      for (int64_t task = begin; task < end; task++) {
+        const int64_t r = task / heads_, head = task % heads_, g = seg.slot * kv_heads_ + head / group;
+        const float* query = qkv + (seg.row0 + r) * cols + head * D;
+        for (int64_t i = 0; i < D; i++) q[i] = query[i] * scale;
+        const uint16_t* K = kc + g * key_blocks() * D * KEY_BLOCK;
+        const int64_t reach = start + r + 1;  // slots [0, start + r] hold every key the row sees
+        int64_t t = 0;
+#ifdef VS_AVX2
+        if (D % 8 == 0) {
+          const int64_t blocks = (reach + KEY_BLOCK - 1) / KEY_BLOCK;
+          int64_t b = 0;
+          for (; b + 4 <= blocks; b += 4) score_blocks<1, 4>(q.data(), K + b * D * KEY_BLOCK, D, raw.data() + b * KEY_BLOCK, 0);
+          for (; b < blocks; b++) score_blocks<1, 1>(q.data(), K + b * D * KEY_BLOCK, D, raw.data() + b * KEY_BLOCK, 0);
+          t = reach;
+        }
+#endif
+        for (; t < reach; t++) {
+          float acc = 0.f;
+          for (int64_t i = 0; i < D; i++) acc = std::fma(q[i], fp16_to_float(kc[key_at(g, t, i)]), acc);
+          raw[t] = acc;
+        }
+        const std::vector<int64_t>& tail = path[r];
+        const int64_t keys = start + (int64_t)tail.size();
+        std::copy(raw.begin(), raw.begin() + start, scores.begin());
+        for (size_t j = 0; j < tail.size(); j++) scores[start + j] = raw[tail[j]];
+        float* o = out + (seg.row0 + r) * heads_ * D + head * D;
+        const float inv = softmax(scores.data(), keys);
+        weighted_sum_mapped(scores.data(), vc + g * context_ * D, start, tail.data(), (int64_t)tail.size(), D, o);
+        for (int64_t i = 0; i < D; i++) o[i] *= inv;
+      }
+    });
+  }
+
+  // o[D] = sum of weights[t] * V[slot t] over the keys [0, prefix) and then the slots
+  // ``tail``: each output dimension one FMA chain over those keys in that order, as in weigh;
+  // eight 8-wide accumulators cover 64 dimensions per pass (independent chains).
+  static void weighted_sum_mapped(const float* weights, const uint16_t* V, int64_t prefix, const int64_t* tail,
+                                  int64_t ntail, int64_t D, float* o) {
+    const int64_t keys = prefix + ntail;
+    auto row = [&](int64_t t) { return V + (t < prefix ? t : tail[t - prefix]) * D; };
+    int64_t base = 0;
+#ifdef VS_AVX2
+    for (; base + 64 <= D; base += 64) {
+      __m256 acc[8];
+      for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+      for (int64_t t = 0; t < keys; t++) {
+        const __m256 w = _mm256_set1_ps(weights[t]);
+        const uint16_t* v = row(t) + base;
+        for (int c = 0; c < 8; c++)
+          acc[c] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + 8 * c))), acc[c]);
+      }
+      for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + base + 8 * c, acc[c]);
+    }
+    for (; base + 8 <= D; base += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t t = 0; t < keys; t++)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(weights[t]), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(row(t) + base))), acc);
+      _mm256_storeu_ps(o + base, acc);
+    }
+#endif
+    for (int64_t i = base; i < D; i++) {
+      float acc = 0.f;
+      for (int64_t t = 0; t < keys; t++) acc = std::fma(weights[t], fp16_to_float(row(t)[i]), acc);
+      o[i] = acc;
+    }
   }
 
   static const Segment& segment_of(const std::vector<Segment>& segs, int64_t row) {
@@ -947,28 +1112,9 @@ class Decoder {
   }
 #endif
 
-  // o[D] = sum over t of weights[t] * V[t], each output summed in key order; eight
-  // 8-wide accumulators cover 64 dimensions per pass (independent chains).
+  // o[D] = sum over t of weights[t] * V[t], each output one FMA chain in key order.
   static void weighted_sum_fp16(const float* weights, const uint16_t* V, int64_t keys, int64_t D, float* o) {
-    int64_t base = 0;
-#ifdef VS_AVX2
-    for (; base + 64 <= D; base += 64) {
-      __m256 acc[8];
-      for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-      for (int64_t t = 0; t < keys; t++) {
-        const __m256 w = _mm256_set1_ps(weights[t]);
-        const uint16_t* v = V + t * D + base;
-        for (int c = 0; c < 8; c++)
-          acc[c] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + 8 * c))), acc[c]);
-      }
-      for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + base + 8 * c, acc[c]);
-    }
-#endif
-    for (int64_t i = base; i < D; i++) {
-      float acc = 0.f;
-      for (int64_t t = 0; t < keys; t++) acc = std::fma(weights[t], fp16_to_float(V[t * D + i]), acc);
-      o[i] = acc;
-    }
+    weighted_sum_mapped(weights, V, keys, nullptr, 0, D, o);
   }
 
   void silu_mul(const float* gu, int64_t M, float* out) {
@@ -1010,6 +1156,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_output", &vs::Decoder::set_output)
       .def("forward", &vs::Decoder::forward, py::call_guard<py::gil_scoped_release>())
       .def("forward_segments", &vs::Decoder::forward_segments, py::call_guard<py::gil_scoped_release>())
+      .def("forward_tree", &vs::Decoder::forward_tree, py::call_guard<py::gil_scoped_release>())
+      .def("keep_path", &vs::Decoder::keep_path, py::call_guard<py::gil_scoped_release>())
       .def("keys", &vs::Decoder::keys)
       .def("values", &vs::Decoder::values)
       .def_property_readonly("context", &vs::Decoder::context)
