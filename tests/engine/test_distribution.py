@@ -100,7 +100,9 @@ def test_the_enumeration_agrees_with_a_plain_transformers_forward(tiny_engine, e
     )
 
 
-def run_engine(engine, drafter, k, runs=N_RUNS, prompt=PROMPT, params=PARAMS):
+def run_engine(engine, drafter, k, runs=N_RUNS, prompt=PROMPT, params=PARAMS, trees=None):
+    """The outcome counts of ``runs`` seeded requests, drafts offered and accepted; ``trees``
+    (a list) gets each run's tree rounds."""
     counts: dict[tuple[int, ...], int] = {}
     offered = accepted = 0
     for seed in range(runs):
@@ -109,6 +111,8 @@ def run_engine(engine, drafter, k, runs=N_RUNS, prompt=PROMPT, params=PARAMS):
         counts[key] = counts.get(key, 0) + 1
         offered += result.stats.offered
         accepted += result.stats.accepted
+        if trees is not None:
+            trees.append(result.stats.tree_rounds)
     return counts, offered, accepted
 
 
@@ -137,17 +141,25 @@ def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, re
 
 
 # The same on the native backend (its own kernels, fp16 KV cache: its own law).
-@pytest.mark.parametrize(("drafter", "k"), [("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3)])
+# "suffix-tree": the suffix drafter proposing trees (3 candidates a node), verified in one
+# pass by the native target and decided by the tree rule; the runs' own sampled outputs fill
+# its cache with the branching continuations trees are made of.
+@pytest.mark.parametrize(
+    ("drafter", "k"), [("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3), ("suffix-tree", 4)]
+)
 def test_native_engine_output_follows_its_target(native_engine, drafter, k, request):
     check_follows(native_engine, law_of(native_engine), drafter, k, request)
 
 
 def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     chosen = drafter
+    if drafter == "suffix-tree":
+        chosen = engine.drafter("suffix", suffix_branches=3, suffix_min_score=0.0, scope=f"distribution-{params}")
     if drafter in ("head", "block"):
         weights = request.getfixturevalue("tiny_drafters")[drafter]
         chosen = engine.drafter(drafter, drafter_weights=str(weights))
-    counts, offered, accepted = run_engine(engine, chosen, k, runs=runs, params=params)
+    trees: list[int] = []
+    counts, offered, accepted = run_engine(engine, chosen, k, runs=runs, params=params, trees=trees)
     pvalue, deviation, cells = compare(counts, law, runs=runs)
     tol = tolerance(runs)
     print(
@@ -156,6 +168,9 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
         f"chi2 p={pvalue:.3g} (> {CHI2_ALPHA}), max|f-p|={deviation:.4f} (tol {tol:.4f}), "
         f"acceptance {accepted}/{offered}"
     )
+    if drafter == "suffix-tree":
+        print(f"  tree rounds: {sum(trees)} in {sum(t > 0 for t in trees)} of {runs} runs")
+        assert sum(trees) > runs // 10  # trees were verified, not only chains
     if drafter == "wrong":
         assert offered > 0 and accepted == 0  # every round drafted, every draft rejected
     elif drafter != "none" and (k != "auto" or offered > 0):

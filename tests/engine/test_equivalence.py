@@ -53,6 +53,29 @@ def test_suffix_learns_from_earlier_requests_and_stays_exact(either_engine, k):
     assert drafter.cache.documents == 2 * len(PROMPTS)
 
 
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_suffix_trees_are_verified_in_one_pass_and_stay_exact(native_engine, k):
+    # Trees need a target that verifies them (the native one) and branching continuations:
+    # the sampled runs first fill the cache with varied outputs of the same prompts.
+    drafter = native_engine.drafter("suffix", suffix_branches=3, suffix_min_score=0.0, scope=f"trees-{k}")
+    for seed in range(6):
+        for prompt in PROMPTS:
+            drafter.cache.add(
+                native_engine.encode(prompt)
+                + native_engine.generate(
+                    prompt, drafter="none", temperature=1.0, seed=seed, max_tokens=MAX_TOKENS
+                ).token_ids
+            )
+    trees = offered = accepted = 0
+    for prompt in PROMPTS:
+        result = native_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        assert result.token_ids == plain_output(native_engine, prompt), f"suffix trees k={k} diverged on {prompt!r}"
+        trees += result.stats.tree_rounds
+        offered += result.stats.offered
+        accepted += result.stats.accepted
+    assert trees > 0 and 0 < accepted < offered, (trees, offered, accepted)
+
+
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])
 @pytest.mark.parametrize("kind", ["head", "block"])
 def test_greedy_with_trained_drafters_equals_plain(either_engine, tiny_drafters, kind, k):
