@@ -62,7 +62,13 @@ def measure(name, rule, seed, n=N_DRAWS):
     return arms, run
 
 
-@pytest.mark.parametrize("name", sorted(ARMS))
+# The two-level trees hold the one-level cases (3 siblings under node 0, 2 at the root) and
+# accepted nodes' rows besides: they are the arms run at 200,000 draws. The one-level trees
+# carry the mutants that slip on siblings.
+LOSSLESS_ARMS = [name for name in sorted(ARMS) if name.startswith("two levels")]
+
+
+@pytest.mark.parametrize("name", LOSSLESS_ARMS)
 def test_tree_arm_follows_the_target(name):
     arms, run = measure(name, accept_tree, seed=sorted(ARMS).index(name))
     for arm in arms:
