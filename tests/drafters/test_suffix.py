@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.drafters import suffix
 from verispec.drafters.base import DrafterError
 from verispec.drafters.suffix import (
     KEY,
@@ -37,7 +38,7 @@ def test_the_request_alone_drafts_like_prompt_lookup():
     draft = proposal(drafter, [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 5)
     assert draft.tokens == [4, 5, 6, 7, 1] and draft.probs is None
     assert drafter.last.match == 3 and drafter.last.frequencies == [1.0] * 5
-    assert draft.source == source_of(drafter.last) == (3, 2)
+    assert draft.source == source_of(drafter.last) == (3, 1)
     assert proposal(drafter, [1, 2, 3], 4).tokens == []  # nothing seen before: no draft
     assert proposal(drafter, [1, 2, 1], 0).tokens == []
 
@@ -190,3 +191,25 @@ def test_trees_grow_best_first_and_every_prefix_is_the_best_smaller_tree():
     assert proposal(strict, [0, 1, 2, 3], 8).tokens == [10, 11]  # nothing else scores 0.3
     chain = SuffixDrafter(drafter.cache, min_score=0.0)
     assert proposal(chain, [0, 1, 2, 3], 8).tokens == [10, 11] and chain.last.parents == [-1, 0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    stores=st.lists(
+        st.tuples(
+            st.lists(st.integers(-1, 4), min_size=1, max_size=40),
+            st.lists(st.integers(0, 45), min_size=0, max_size=40),
+        ),
+        min_size=1,
+        max_size=2,
+    ),
+    branches=st.integers(1, 4),
+)
+def test_few_and_many_occurrences_are_counted_alike(stores, branches):
+    arrays = [(np.asarray(tokens, dtype=np.int64), np.asarray(sorted(set(p)), dtype=np.int64)) for tokens, p in stores]
+    few = suffix._few_continuations(arrays, branches)
+    many = suffix._many_continuations(arrays, branches)
+    assert few[0] == many[0]
+    assert [(t, c) for t, c, _ in few[1]] == [(t, c) for t, c, _ in many[1]]
+    for (_, _, a), (_, _, b) in zip(few[1], many[1], strict=True):
+        assert [(id(s), p.tolist()) for s, p in a] == [(id(s), p.tolist()) for s, p in b]
