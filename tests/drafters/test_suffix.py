@@ -22,6 +22,12 @@ from verispec.sampling import SamplingParams
 RNG = np.random.default_rng(0)
 
 
+def make(cache: SuffixCache, **options) -> SuffixDrafter:
+    """A suffix drafter without the length limit (draft tokens per matched token) and with a
+    low score floor, so the tests below see whole walks; the limits have their own test."""
+    return SuffixDrafter(cache, **{"spec_factor": 100.0, "min_score": 0.1, **options})
+
+
 def run(drafter: SuffixDrafter, document: list[int]) -> None:
     """A request that read ``document`` and ended: its document joins the cache."""
     drafter.begin(document, SamplingParams())
@@ -34,7 +40,7 @@ def proposal(drafter: SuffixDrafter, context: list[int], k: int):
 
 
 def test_the_request_alone_drafts_like_prompt_lookup():
-    drafter = SuffixDrafter(SuffixCache(0))
+    drafter = make(SuffixCache(0))
     draft = proposal(drafter, [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 5)
     assert draft.tokens == [4, 5, 6, 7, 1] and draft.probs is None
     assert drafter.last.match == 3 and drafter.last.frequencies == [1.0] * 5
@@ -45,10 +51,10 @@ def test_the_request_alone_drafts_like_prompt_lookup():
 
 def test_earlier_requests_teach_later_ones_and_a_zero_cache_forgets():
     for capacity, expected in ((1000, [30, 31, 32, 33]), (0, [])):
-        drafter = SuffixDrafter(SuffixCache(capacity))
+        drafter = make(SuffixCache(capacity))
         run(drafter, [5, 6, 7, 8, 9, 30, 31, 32, 33])
         assert proposal(drafter, [40, 41, 8, 9], 4).tokens == expected
-    drafter = SuffixDrafter(SuffixCache(1000))
+    drafter = make(SuffixCache(1000))
     drafter.begin([1, 2, 3], SamplingParams())
     drafter.observe([1, 2, 3, 4, 5], 1)  # the output so far belongs to the document too
     drafter.reset()
@@ -56,19 +62,19 @@ def test_earlier_requests_teach_later_ones_and_a_zero_cache_forgets():
 
 
 def test_frequencies_choose_the_continuation_and_the_score_ends_the_walk():
-    drafter = SuffixDrafter(SuffixCache(1000), min_score=0.5)
+    drafter = make(SuffixCache(1000), min_score=0.5)
     for tail in ([10, 11], [10, 11], [10, 12]):  # after "1 2 3": 10 three times, then 11 twice
         run(drafter, [1, 2, 3, *tail])
     draft = proposal(drafter, [0, 1, 2, 3], 5)
     assert draft.tokens == [10, 11]
     assert drafter.last.count == 3 and drafter.last.frequencies == pytest.approx([1.0, 2 / 3])
-    strict = SuffixDrafter(drafter.cache, min_score=0.7)  # 1 * 2/3 < 0.7: stops after 10
+    strict = make(drafter.cache, min_score=0.7)  # 1 * 2/3 < 0.7: stops after 10
     assert proposal(strict, [0, 1, 2, 3], 5).tokens == [10]
     assert strict.last.frequencies == [1.0]
 
 
 def test_the_deepest_match_wins_over_a_more_frequent_shallow_one():
-    drafter = SuffixDrafter(SuffixCache(1000))
+    drafter = make(SuffixCache(1000))
     run(drafter, [7, 8, 1, 2, 3, 50])
     for _ in range(3):
         run(drafter, [1, 2, 3, 60])
@@ -79,7 +85,7 @@ def test_the_deepest_match_wins_over_a_more_frequent_shallow_one():
 
 
 def test_on_a_tie_the_request_itself_wins_then_the_most_recent():
-    drafter = SuffixDrafter(SuffixCache(1000))
+    drafter = make(SuffixCache(1000))
     run(drafter, [4, 5, 70])
     run(drafter, [4, 5, 80])
     assert proposal(drafter, [9, 4, 5], 1).tokens == [80]  # the later document
@@ -87,7 +93,7 @@ def test_on_a_tie_the_request_itself_wins_then_the_most_recent():
 
 
 def test_matches_and_walks_stop_at_document_ends():
-    drafter = SuffixDrafter(SuffixCache(1000))
+    drafter = make(SuffixCache(1000))
     run(drafter, [1, 2, 3])
     run(drafter, [4, 5, 6])
     assert proposal(drafter, [8, 2, 3], 3).tokens == []  # "2 3" ends its document: nothing follows
@@ -96,7 +102,7 @@ def test_matches_and_walks_stop_at_document_ends():
 
 
 def test_proposals_are_prefixes_of_longer_ones():
-    drafter = SuffixDrafter(SuffixCache(1000), min_score=0.0)
+    drafter = make(SuffixCache(1000), min_score=0.0)
     for doc in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9], [2, 3, 4, 5, 7]):
         run(drafter, doc)
     context = [0, 2, 3]
@@ -142,7 +148,7 @@ def test_the_cache_stays_in_its_bound_and_its_index_is_exact(documents, capacity
 
 
 def test_forks_share_the_cache_and_keep_their_own_documents():
-    drafter = SuffixDrafter(SuffixCache(1000))
+    drafter = make(SuffixCache(1000))
     fork = drafter.fork(object())
     assert fork.cache is drafter.cache
     drafter.begin([1, 2, 3, 4], SamplingParams())
@@ -173,7 +179,7 @@ def test_bad_options_are_refused(tiny_engine, options):
 
 
 def test_trees_grow_best_first_and_every_prefix_is_the_best_smaller_tree():
-    drafter = SuffixDrafter(SuffixCache(1000), min_score=0.0, branches=2)
+    drafter = make(SuffixCache(1000), min_score=0.0, branches=2)
     for tail in ([10, 11], [10, 11], [10, 12], [20, 21]):
         run(drafter, [1, 2, 3, *tail])
     draft = proposal(drafter, [0, 1, 2, 3], 8)
@@ -187,9 +193,9 @@ def test_trees_grow_best_first_and_every_prefix_is_the_best_smaller_tree():
         assert (smaller.tokens, smaller.parents) == (draft.tokens[:k], draft.parents[:k])
         assert draft.first(k) == smaller
     assert not proposal(drafter, [0, 1, 2, 3], 2).is_tree  # the best 2 nodes are a chain
-    strict = SuffixDrafter(drafter.cache, min_score=0.3, branches=2)
+    strict = make(drafter.cache, min_score=0.3, branches=2)
     assert proposal(strict, [0, 1, 2, 3], 8).tokens == [10, 11]  # nothing else scores 0.3
-    chain = SuffixDrafter(drafter.cache, min_score=0.0)
+    chain = make(drafter.cache, min_score=0.0)
     assert proposal(chain, [0, 1, 2, 3], 8).tokens == [10, 11] and chain.last.parents == [-1, 0]
 
 
@@ -213,3 +219,17 @@ def test_few_and_many_occurrences_are_counted_alike(stores, branches):
     assert [(t, c) for t, c, _ in few[1]] == [(t, c) for t, c, _ in many[1]]
     for (_, _, a), (_, _, b) in zip(few[1], many[1], strict=True):
         assert [(id(s), p.tolist()) for s, p in a] == [(id(s), p.tolist()) for s, p in b]
+
+
+def test_by_default_drafts_are_no_longer_than_the_match_and_score_at_least_0_3():
+    drafter = SuffixDrafter(SuffixCache(1000))
+    assert (drafter.spec_factor, drafter.min_score) == (1.0, 0.3)
+    context = [1, 2, 3, 4, 5, 6, 7, 9, 9, 1, 2]  # "1 2" matched: 2 tokens, so 2 drafts
+    assert proposal(drafter, context, 8).tokens == [3, 4] and drafter.last.match == 2
+    assert proposal(drafter, [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4], 8).tokens == [5, 6, 7, 9]
+    for tail in ([10, 11], [10, 12], [10, 13], [20, 21]):
+        run(drafter, [7, 8, 1, 2, 3, *tail])
+    # 10 follows in 3 of 4 (.75), then 11, 12, 13 a third each (.25 < 0.3): one draft.
+    assert proposal(drafter, [5, 7, 8, 1, 2, 3], 8).tokens == [10]
+    with pytest.raises(DrafterError):
+        SuffixDrafter(spec_factor=0.0)
