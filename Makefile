@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.installed
-CORE   := verispec/accept.py verispec/accept_tree.py verispec/accept_batched.py verispec/rounds.py verispec/sampling.py verispec/stats.py
+CORE   := verispec/accept.py verispec/accept_tree.py verispec/accept_batched.py verispec/rounds.py verispec/sampling.py verispec/stats.py verispec/tree_sizing.py
 
 .PHONY: install test test-fast lint demo bench-rule clean
 

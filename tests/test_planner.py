@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from verispec.drafters.base import Draft
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
 from verispec.governor import CostModel
@@ -103,3 +104,74 @@ def test_without_shadows_a_governor_backs_off_and_probes():
         assert not plan.shadow.tokens
         request.observe(len(plan.draft.tokens), 0, 0.0, 0.01)
     assert request.stats.governor_probes > 0 and ks.count(0) > 30
+
+
+class TreeDrafter:
+    """Always proposes one tree: the root's children 10 (0.6) and 20 (0.3); 10's children 11
+    (0.8) and 12 (0.2); 11's child 13 (1.0)."""
+
+    name = "tree"
+    hidden_capture = None
+    pure_proposals = True
+
+    def begin(self, prompt_ids, params):
+        pass
+
+    def propose(self, context, k, rng):
+        return Draft([10, 11, 20, 12, 13], parents=[-1, 0, -1, 0, 1], frequencies=[0.6, 0.8, 0.3, 0.2, 1.0])
+
+    def observe(self, context, accepted):
+        pass
+
+    def reset(self):
+        pass
+
+    def fork(self, target):
+        return self
+
+
+def _tree_request(per_row: float):
+    drafter = TreeDrafter()
+    drafter.begin([1, 2, 3], SamplingParams())
+    return Planner().begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.01, per_row))
+
+
+def test_a_governor_verifies_the_alternatives_of_a_tree_only_where_their_rows_pay():
+    # Rows at a hundredth of a step: the whole tree (its alternatives' chances, ~0.15-0.3, pay).
+    cheap = _tree_request(0.0001).plan([1, 2, 3], 50, RNG)
+    assert cheap.draft.is_tree and cheap.draft.tokens == [10, 11, 20, 12, 13]
+    assert cheap.draft.frequencies == [0.6, 0.8, 0.3, 0.2, 1.0]
+    # With the prior's acceptance 0.5 a node's chance is 0.5 (10), 0.375 (20: half the time 10
+    # is refused, and 20 has 0.75 of the rest), 0.25 (11, 12), 0.125 (13). Rows at 0.2 of a
+    # step: 10 and its alternative 20 (1.875 / 1.4) beat the chain of two (1.75 / 1.4).
+    middle = _tree_request(0.002).plan([1, 2, 3], 50, RNG)
+    assert middle.draft.is_tree and middle.draft.tokens == [10, 20] and middle.draft.parents == [-1, -1]
+    # Rows at 0.4 of a step: one draft (1.5 / 1.4); the alternative's 0.375 does not pay a row.
+    dear = _tree_request(0.004).plan([1, 2, 3], 50, RNG)
+    assert not dear.draft.is_tree and dear.draft.tokens == [10] and dear.k == 1
+
+
+def test_a_tree_round_teaches_the_position_estimates_and_the_alternatives_scale():
+    request = _tree_request(0.0001)
+    governor = request.governor
+    target_row = np.zeros(32)
+    target_row[20] = 1.0  # the target always takes the alternative 20 at position 1
+    trees = 0
+    for _ in range(30):
+        plan = request.plan([1, 2, 3], 50, RNG)
+        trees += plan.draft.is_tree
+        taken = plan.draft.tokens.index(20)
+        request.observe(1, 1, 0.0, 0.011, row_acceptance(target_row), 6, path=[taken] if plan.draft.is_tree else None)
+    estimates = governor.estimates(None)
+    assert trees >= 2 and estimates.observed[0] == 30
+    assert estimates.acceptance[0] < 0.05  # the first child 10 refused, or scored on the row
+    assert governor.branching.scale > 1.2  # taken every time against a predicted share of 0.75
+    # 10 now looks hopeless and 20 sure: rounds draft 20 alone (a chain of the alternative).
+    assert request.plan([1, 2, 3], 50, RNG).draft.tokens[0] == 20
+
+
+def test_a_tree_is_decided_as_its_main_chain_where_passes_take_no_trees():
+    request = _tree_request(0.0001)
+    request.trees = False
+    plan = request.plan([1, 2, 3], 50, RNG)
+    assert not plan.draft.is_tree and plan.draft.tokens == [10, 11, 13]

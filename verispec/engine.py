@@ -350,6 +350,7 @@ class Engine:
                 request.finish_reason = "length"
                 break
             t0 = time.perf_counter()
+            planner.trees = request.trees and hasattr(target, "verify_tree")
             draft = planner.plan(context, room, rng, request.load).draft
             if draft.is_tree and not (request.trees and hasattr(target, "verify_tree")):
                 draft = draft.main_chain()
@@ -382,7 +383,9 @@ class Engine:
             # chain's would (its other nodes are extra rows of the pass, in ``pass_rows``).
             stats.observe(offered, accepted, int(committed == verdict.accepted + 1), t1 - t0, verify_s)
             shadow = row_acceptance(target_probs[0])
-            planner.observe(offered, verdict.accepted, t1 - t0, verify_s, shadow, verify_rows)
+            planner.observe(
+                offered, verdict.accepted, t1 - t0, verify_s, shadow, verify_rows, None if tree is None else path
+            )
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)
                 drafter.observe(context, accepted)

@@ -30,6 +30,13 @@ estimates, and the memory its starts, per source. Replayed over the 65 dev promp
 math_reasoning from 0.983 to 1.003 and overall from 1.038 to 1.045. Verifying a prefix of a
 proposal is lossless whatever its length: the cut depends on the drafter's side alone.
 
+Trees: a drafter that proposes a tree of alternatives with its frequencies (the suffix
+drafter with ``branches`` > 1) has it sized by ``tree`` (``verispec.tree_sizing``): the
+main chain is valued by the acceptance per position, as a chain is; each alternative by the
+drafter's frequency, scaled by what later children actually won; the nodes kept are those
+with the most predicted tokens per second at the measured cost of rows. Where alternatives
+do not pay for their rows, the round verifies the chain the governor would have chosen.
+
 Batches: where requests share forward passes (``verispec.scheduler``), a request's drafts
 are rows every request of the pass waits for. With ``load`` (the other requests' rows in the
 pass, and the tokens they are expected to commit in it), a round of k drafts is priced for the
@@ -65,6 +72,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from verispec import rounds
+from verispec.tree_sizing import BranchCalibration, TreeChoice, best_nodes, depths, node_chances, tree_outcome
 
 # What a proposal is based on (``Draft.source``): the governor's estimates are kept per source.
 Source = Hashable
@@ -300,6 +308,7 @@ class Governor:
         self.plain_by_governor = 0
         self.probes = 0
         self.load = ALONE  # the batch the next round shares a pass with (set by the planner)
+        self.branching = BranchCalibration()  # later children of trees: taken over predicted
 
     def estimates(self, source: Source = None) -> Estimates:
         if source not in self.sources:
@@ -361,6 +370,61 @@ class Governor:
             self.backoff = FIRST_BACKOFF
         return decision
 
+    def tree(self, parents: Sequence[int], frequencies: Sequence[float], source: Source = None) -> TreeChoice:
+        """Which nodes of a proposed tree the next round verifies (``verispec.tree_sizing``):
+        the main chain valued by this source's acceptance per position, as ``best`` values a
+        chain; the alternatives by the drafter's frequencies and the measured later-child
+        scale; the set with the most predicted tokens per second, priced as ``best`` prices
+        rows. Empty: a plain round. Shadowing governors only (the proposal comes first)."""
+        self.current = source
+        estimates, load, costs = self.estimates(source), self.load, self.costs
+        chances = node_chances(parents, frequencies, estimates.expected(max(depths(parents))), self.branching.scale)
+        plain = costs.verify(load.rows + 1)
+
+        def steps(n: int) -> float:
+            seconds = rounds.round_cost_steps(n, costs.draft_seconds_per_token, costs.verify(load.rows + 1 + n))
+            return max(1.0, seconds / plain)
+
+        choice = best_nodes(chances, steps, len(parents), load.tokens, MIN_GAIN)
+        self.plain_by_governor += int(not choice.nodes)
+        return choice
+
+    def observe_tree(
+        self,
+        parents: Sequence[int],
+        frequencies: Sequence[float],
+        offered: Sequence[int],
+        path: Sequence[int],
+        draft_seconds: float,
+        verify_seconds: float,
+        rows: int | None = None,
+        first_chance: float | None = None,
+    ) -> None:
+        """What a round that verified the nodes ``offered`` of the proposed tree ``parents``
+        did: ``path`` its accepted nodes, root to leaf (in the tree's numbering). Each position
+        the rule examined updates the source's acceptance there (taking the first child is a
+        hit, as a chain's draft would be); where the round left position 1's first child out,
+        ``first_chance`` (the rule's chance of accepting it there, from the target's own row,
+        as a shadow draft's) stands in, and deeper such positions are left to drift. Each
+        branching with later children on offer and the first child not taken updates the
+        later-child scale."""
+        outcome = tree_outcome(parents, frequencies, path, offered)
+        estimates = self.estimates(self.current)
+        for i, hit in enumerate(outcome.first_hits):
+            if hit is None and i == 0:
+                hit = first_chance
+            if hit is not None:
+                estimates.update(i, hit, ACCEPT_EMA)
+        estimates.drift(len(outcome.first_hits))
+        for share, taken in outcome.later_offers:
+            self.branching.observe(share, taken)
+        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows)
+
+    def _observe_costs(self, offered: int, draft_seconds: float, verify_seconds: float, rows: int | None) -> None:
+        if self.adapt_costs:
+            self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
+            self.costs.observe_draft(offered, draft_seconds)
+
     def longest_backoff(self) -> int:
         """MAX_BACKOFF, or longer where a probe is dear: probes cost <= PROBE_BUDGET of plain."""
         extra = self.costs.round_steps(min(PROBE_K, self.k_max)) - 1.0
@@ -387,9 +451,7 @@ class Governor:
         for i in range(min(accepted + 1, offered)):
             estimates.update(i, 1.0 if i < accepted else 0.0, weight)
         estimates.drift(min(accepted + 1, offered))
-        if self.adapt_costs:
-            self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
-            self.costs.observe_draft(offered, draft_seconds)
+        self._observe_costs(offered, draft_seconds, verify_seconds, rows)
 
     def observe_shadow(self, acceptance: float) -> None:
         """A plain round's shadow draft (from the current source): the probability in [0, 1]

@@ -71,12 +71,18 @@ class RequestPlanner:
         self.fixed_k = fixed_k
         self.governor = governor
         self._shadow = NO_DRAFT  # the last plan's shadow draft
+        # The last plan's proposed tree and the nodes it verifies, where a governor sized one.
+        self._tree: tuple[Draft, list[int]] | None = None
+        # Whether the rounds' verify passes take trees (the engine clears it where they do not:
+        # a scheduler's shared passes); without, a proposed tree is decided as its main chain.
+        self.trees = True
 
     def plan(self, context: Sequence[int], room: int, rng: np.random.Generator, load: Load = ALONE) -> Plan:
         """The next round after ``context``, which has room for ``room`` more tokens (a round
         commits up to its drafts + 1); ``load``: the other requests sharing its forward pass
         (ignored by a reproducible request, whose k schedule must not depend on its neighbours)."""
         governor, drafter = self.governor, self.drafter
+        self._tree = None
         if governor is not None and governor.adapt_costs:
             governor.load = load
         if governor is None:
@@ -86,14 +92,24 @@ class RequestPlanner:
             # The drafter is pure and nearly free: its proposal comes first, so the governor
             # decides knowing what it is based on (``Draft.source``).
             offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
-            choice = governor.next_k(offer.source) if offer.tokens else Decision(0, 1.0)
-            self.stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
-            shadow = prefix(offer, 1) if choice.k == 0 else NO_DRAFT
-            plan = Plan(choice.k, prefix(offer, choice.k), shadow)
+            offer = offer if self.trees else offer.main_chain()
+            if offer.is_tree and offer.frequencies is not None:
+                assert offer.parents is not None
+                nodes = governor.tree(offer.parents, offer.frequencies, offer.source).nodes
+                self.stats.observe_choice(len(nodes), False, governed=True)
+                plan = Plan(len(nodes), offer.select(nodes), NO_DRAFT if nodes else prefix(offer, 1))
+                if nodes:
+                    self._tree = (offer, nodes)
+            else:
+                choice = governor.next_k(offer.source) if offer.tokens else Decision(0, 1.0)
+                self.stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
+                shadow = prefix(offer, 1) if choice.k == 0 else NO_DRAFT
+                plan = Plan(choice.k, prefix(offer, choice.k), shadow)
         else:
             choice = governor.next_k()
             k = min(choice.k, room - 1)
-            draft = prefix(drafter.propose(context, k, rng), k) if k > 0 else NO_DRAFT
+            # Trees are sized only for the proposal in hand (shadowing): here, the chain of k.
+            draft = prefix(drafter.propose(context, k, rng).main_chain(), k) if k > 0 else NO_DRAFT
             # A probe the drafter left empty examined nothing.
             self.stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
             plan = Plan(k, draft)
@@ -108,16 +124,30 @@ class RequestPlanner:
         verify_seconds: float,
         shadow_acceptance: ShadowAcceptance | None = None,
         verify_rows: int | None = None,
+        path: Sequence[int] | None = None,
     ) -> None:
         """What the planned round did: the drafts verified, the prefix the rule accepted (its
         own verdict, not the committed count: a stop inside the kept prefix says nothing about
         the drafter), the timings, and, needed when the plan had a shadow draft, how likely the
         rule would have accepted a draft's first token at the round's first position;
-        ``verify_rows``: the rows of a verify pass shared with other requests."""
+        ``verify_rows``: the rows of a verify pass shared with other requests; ``path``: where
+        the round verified the planned tree, its accepted nodes (``offered`` is then its depth)."""
         governor = self.governor
         if governor is None:
             return
-        governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows)
+        if self._tree is not None:
+            tree, nodes = self._tree
+            assert tree.parents is not None and tree.frequencies is not None
+            # The verified nodes' path in the tree's numbering (a chain of them: its prefix).
+            kept = [nodes[i] for i in path] if path is not None else nodes[:accepted]
+            chance = None  # node 0, the root's first child, left out: its chance from the row
+            if nodes[0] != 0 and shadow_acceptance is not None:
+                chance = shadow_acceptance(tree.select([0]))
+            governor.observe_tree(
+                tree.parents, tree.frequencies, nodes, kept, draft_seconds, verify_seconds, verify_rows, chance
+            )
+        else:
+            governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows)
         if self._shadow.tokens:
             if shadow_acceptance is None:
                 raise ValueError("a round with a shadow draft needs its acceptance at the first position")

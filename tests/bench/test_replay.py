@@ -54,3 +54,18 @@ def test_a_governor_measuring_noisy_timings_keeps_close_to_exact_costs():
     print(f"\n  exact costs {speeds[0]:.3f}x, measured {speeds[1]:.3f}x")
     assert speeds[1] >= 0.95 * speeds[0]
     assert speeds[1] > 1.0
+
+
+def test_a_fixed_k_replays_the_engines_tree_rounds_exactly(native_engine):
+    # The prompt's own repeats branch after "the cat": trees from the request's own tokens.
+    prompt = "the cat sat. the cat ran. the cat sat. the cat ate. the cat sat. the cat"
+    options = {"suffix_branches": 3, "suffix_min_score": 0.0, "suffix_cache_tokens": 0}
+    plain = native_engine.generate(prompt, drafter="none", temperature=0, max_tokens=40)
+    spec = native_engine.generate(
+        prompt, drafter=native_engine.drafter("suffix", scope="replay-a", **options), k=4, temperature=0, max_tokens=40
+    )
+    assert spec.token_ids == plain.token_ids and spec.stats.tree_rounds > 0
+    drafter = native_engine.drafter("suffix", scope="replay-b", **options)
+    replayed = replay(native_engine.encode(prompt), plain.token_ids, drafter, Planner(), Clock(0.1), k=4)
+    counts = ("rounds", "tree_rounds", "tree_nodes", "accepted_by_position", "offered_by_position")
+    assert [getattr(replayed.stats, c) for c in counts] == [getattr(spec.stats, c) for c in counts]

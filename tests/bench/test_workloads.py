@@ -77,3 +77,24 @@ def test_edit_requests_ask_for_changes_to_this_repositorys_code(chat_engine):
         assert isinstance(ids, list) and len(ids) > len(code)  # the characters' tokens, and the template
     with pytest.raises(workloads.WorkloadError):
         workloads.edit(3, chat_engine, edits=9)
+
+
+class SeedRunner(EchoRunner):
+    """Records the seed of each request."""
+
+    def run(self, prompt_ids, max_tokens, temperature, seed):
+        self.seeds = [*getattr(self, "seeds", []), seed]
+        return super().run(prompt_ids, max_tokens, temperature, seed)
+
+
+def test_samples_ask_each_prompt_n_times_each_with_its_own_seed(chat_engine):
+    records = [Prompt("1", "qa", "hello"), Prompt("2", "math", "and then")]
+    items = workloads.samples(records, chat_engine, 3)
+    assert [(p.question_id, p.turn) for p, _ in items] == [("1", 1), ("1", 2), ("1", 3), ("2", 1), ("2", 2), ("2", 3)]
+    assert items[0][1] == items[2][1] == chat_engine.encode("hello") != items[3][1]
+    runner = SeedRunner(chat_engine, "x")
+    settings = BenchSettings(model="m", max_tokens=4, temperature=1.0, seed=10, default_k=3, prompts_file="p")
+    run_bench({"a": runner}, items, settings)
+    assert runner.seeds == [10, 10, 11, 12, 10, 11, 12]  # the warm-up, then seed + sample - 1
+    with pytest.raises(workloads.WorkloadError):
+        workloads.samples(records, chat_engine, 0)

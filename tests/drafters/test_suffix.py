@@ -18,6 +18,7 @@ from verispec.drafters.suffix import (
     source_of,
 )
 from verispec.sampling import SamplingParams
+from verispec.tree_sizing import depths
 
 RNG = np.random.default_rng(0)
 
@@ -188,11 +189,17 @@ def test_trees_grow_best_first_and_every_prefix_is_the_best_smaller_tree():
     assert draft.tokens == [10, 11, 20, 12, 21] and draft.parents == [-1, 0, -1, 0, 2]
     assert drafter.last.scores == pytest.approx([0.75, 0.5, 0.25, 0.25, 0.25])
     assert draft.is_tree and draft.main_chain().tokens == [10, 11]
-    for k in range(1, 6):
+    assert draft.frequencies == pytest.approx([0.75, 2 / 3, 0.25, 1 / 3, 1.0])
+    for n in range(1, 6):
+        # Every first n nodes are a tree of their own (each node after its parent) ...
+        assert draft.first(n).tokens == draft.tokens[:n]
+        assert draft.first(n).frequencies == draft.frequencies[:n]
+    for k in range(1, 3):
+        # ... and a proposal of depth k is the full one's nodes of depth <= k, up to 2k of them.
         smaller = proposal(drafter, [0, 1, 2, 3], k)
-        assert (smaller.tokens, smaller.parents) == (draft.tokens[:k], draft.parents[:k])
-        assert draft.first(k) == smaller
-    assert not proposal(drafter, [0, 1, 2, 3], 2).is_tree  # the best 2 nodes are a chain
+        shallow = [node for node, d in enumerate(depths(draft.parents)) if d <= k][: 2 * k]
+        assert smaller == draft.select(shallow)
+    assert proposal(drafter, [0, 1, 2, 3], 1).tokens == [10, 20]  # depth 1: both first tokens
     strict = make(drafter.cache, min_score=0.3, branches=2)
     assert proposal(strict, [0, 1, 2, 3], 8).tokens == [10, 11]  # nothing else scores 0.3
     chain = make(drafter.cache, min_score=0.0)

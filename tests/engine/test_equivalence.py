@@ -4,6 +4,7 @@ backend (fp32, exact rows) and the native backend (its kernels)."""
 import pytest
 
 from tests.engine.scripted import ScriptDrafter
+from verispec.governor import CostModel
 
 PROMPTS = ["the cat sat on the mat. the cat sat", "abc abc abc abc ab", "Hello world"]
 MAX_TOKENS = 48
@@ -53,19 +54,40 @@ def test_suffix_learns_from_earlier_requests_and_stays_exact(either_engine, k):
     assert drafter.cache.documents == 2 * len(PROMPTS)
 
 
-@pytest.mark.parametrize("k", [4, "auto"])
-def test_suffix_trees_are_verified_in_one_pass_and_stay_exact(native_engine, k):
-    # Trees need a target that verifies them (the native one) and branching continuations:
-    # the sampled runs first fill the cache with varied outputs of the same prompts.
-    drafter = native_engine.drafter("suffix", suffix_branches=3, suffix_min_score=0.0, scope=f"trees-{k}")
+def branching_suffix(engine, scope):
+    """A suffix drafter proposing trees, its cache filled with sampled outputs of the prompts
+    so that their continuations branch."""
+    drafter = engine.drafter("suffix", suffix_branches=3, suffix_min_score=0.0, scope=scope)
     for seed in range(6):
         for prompt in PROMPTS:
-            drafter.cache.add(
-                native_engine.encode(prompt)
-                + native_engine.generate(
-                    prompt, drafter="none", temperature=1.0, seed=seed, max_tokens=MAX_TOKENS
-                ).token_ids
-            )
+            sampled = engine.generate(prompt, drafter="none", temperature=1.0, seed=seed, max_tokens=MAX_TOKENS)
+            drafter.cache.add(engine.encode(prompt) + sampled.token_ids)
+    return drafter
+
+
+@pytest.fixture
+def suffix_costs(native_engine):
+    """Sets the suffix drafter's round costs in the engine's planner (a verify row at the given
+    share of a plain step, calibrated and live alike); puts back what was there after."""
+    planner = native_engine.planner
+    saved = {name: dict(getattr(planner, name)) for name in ("calibrated", "live", "acceptance")}
+
+    def set_costs(per_row: float) -> None:
+        planner.calibrated["suffix"] = CostModel.line(0.01, 0.01 * per_row)
+        planner.live["suffix"] = CostModel.line(0.01, 0.01 * per_row)
+        planner.acceptance.pop("suffix", None)
+
+    yield set_costs
+    for name, values in saved.items():
+        setattr(planner, name, values)
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_suffix_trees_are_verified_in_one_pass_and_stay_exact(native_engine, suffix_costs, k):
+    # Trees need a target that verifies them (the native one) and branching continuations;
+    # with k auto, rows priced at a hundredth of a step, so that the governor takes alternatives.
+    drafter = branching_suffix(native_engine, f"trees-{k}")
+    suffix_costs(0.01)
     trees = offered = accepted = 0
     for prompt in PROMPTS:
         result = native_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
@@ -74,6 +96,23 @@ def test_suffix_trees_are_verified_in_one_pass_and_stay_exact(native_engine, k):
         offered += result.stats.offered
         accepted += result.stats.accepted
     assert trees > 0 and 0 < accepted < offered, (trees, offered, accepted)
+
+
+def test_the_governor_verifies_trees_where_rows_are_cheap_and_chains_where_they_are_dear(native_engine, suffix_costs):
+    # Seeded sampled requests run on the calibrated costs, frozen: the choice follows the price.
+    drafter = branching_suffix(native_engine, "tree-prices")
+    runs = {}
+    for per_row in (0.01, 0.3, 0.45):
+        suffix_costs(per_row)
+        results = [
+            native_engine.generate(p, drafter=drafter, temperature=1.0, seed=3, max_tokens=MAX_TOKENS) for p in PROMPTS
+        ]
+        runs[per_row] = (sum(r.stats.tree_rounds for r in results), sum(r.stats.offered for r in results))
+    # Rows at 0.45 of a step: a second node pays only with a chance of 0.47 or more, which
+    # none of the alternatives reaches here: chains only, and still some drafting.
+    (cheap_trees, cheap_offered), (middle_trees, _), (dear_trees, dear_offered) = runs.values()
+    assert cheap_trees > middle_trees > dear_trees == 0, runs
+    assert 0 < dear_offered < cheap_offered, runs
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])

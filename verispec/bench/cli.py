@@ -24,11 +24,13 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument(
         "--workload",
         default="single",
-        choices=["single", "multi-turn", "edit"],
+        choices=["single", "multi-turn", "samples", "edit"],
         help="single: each prompt's first turn; multi-turn: the two-turn records as conversations, the second "
-        "turn carrying the first and its answer; edit: this repository's code snippets, each asked for with "
-        "two small changes (default: single)",
+        "turn carrying the first and its answer; samples: each prompt asked --samples times in a row, each with "
+        "its own seed (best-of-n; use --temperature > 0); edit: this repository's code snippets, each asked for "
+        "with two small changes (default: single)",
     )
+    bench.add_argument("--samples", type=int, default=4, help="requests per prompt in the samples workload")
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=1, help="passes over the prompts (narrows the noise)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 (greedy) or > 0 with fixed seeds")
@@ -145,6 +147,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
         encoded = workloads.multi_turn(prompts, default)
     elif args.workload == "edit":
         encoded = workloads.edit(args.per_category, default)
+    elif args.workload == "samples":
+        encoded = workloads.samples(prompts, default, args.samples)
     else:
         encoded = workloads.single(prompts, default)
     runners, skipped = run.build_runners(

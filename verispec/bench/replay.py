@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from verispec.accept_tree import tree_depths
 from verispec.drafters.base import Drafter
 from verispec.governor import CostModel
 from verispec.planner import AUTO, DEFAULT_K_MAX, Planner, ShadowAcceptance
@@ -122,18 +123,43 @@ def replay(
         if timer is None and request.governor is not None:
             request.governor.costs = clock.costs(len(context))
         # Room for what is left of the output: drafts beyond its end cannot be replayed.
-        draft = request.plan(context, end - len(context), rng).draft.tokens
+        draft = request.plan(context, end - len(context), rng).draft
         truth = output[len(context) - len(prompt) :]
-        accepted = next((i for i, (d, t) in enumerate(zip(draft, truth, strict=False)) if d != t), len(draft))
-        cost = clock.steps(len(draft), len(context))
-        seconds = timer(len(draft), len(context)) if timer is not None else cost
+        rows = len(draft.tokens)  # drafted rows: a tree's nodes
+        path: list[int] | None = None
+        if draft.is_tree:
+            assert draft.parents is not None
+            path = greedy_path(draft.tokens, draft.parents, truth)
+            accepted, offered = len(path), int(max(tree_depths(draft.parents)))
+        else:
+            offered = rows
+            accepted = next((i for i, (d, t) in enumerate(zip(draft.tokens, truth, strict=False)) if d != t), rows)
+        cost = clock.steps(rows, len(context))
+        seconds = timer(rows, len(context)) if timer is not None else cost
         steps += cost
-        stats.observe(len(draft), accepted, 1, 0.0, seconds)
-        request.observe(len(draft), accepted, 0.0, seconds, _greedy_acceptance(truth[0]))
+        stats.observe(offered, accepted, 1, 0.0, seconds)
+        if path is not None:
+            stats.tree_rounds += 1
+            stats.tree_nodes += rows
+        request.observe(offered, accepted, 0.0, seconds, _greedy_acceptance(truth[0]), rows + 1, path)
         context.extend(truth[: accepted + 1])
         drafter.observe(context, accepted)
     planner.finish(request)
     return Replayed(stats.rounds, steps, stats)
+
+
+def greedy_path(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> list[int]:
+    """The nodes the greedy rule accepts in a tree whose target tokens are ``truth``: from the
+    root, the child holding the next true token, while there is one."""
+    path: list[int] = []
+    reached = -1
+    for token in truth:
+        child = next((n for n, p in enumerate(parents) if p == reached and tokens[n] == token), None)
+        if child is None:
+            break
+        path.append(child)
+        reached = child
+    return path
 
 
 def _greedy_acceptance(token: int) -> ShadowAcceptance:

@@ -135,9 +135,9 @@ def run_bench(
             earlier = said.setdefault((label, prompt.question_id), [])
             prompt_ids = given(earlier) if callable(given) else given
             try:
-                record: RunRecord = runners[label].run(
-                    prompt_ids, settings.max_tokens, settings.temperature, settings.seed
-                )
+                # A conversation's or a prompt's later requests each get a seed of their own.
+                seed = settings.seed + prompt.turn - 1
+                record: RunRecord = runners[label].run(prompt_ids, settings.max_tokens, settings.temperature, seed)
             except Exception as error:  # one failed run must not lose the others
                 if failures is None:
                     raise

@@ -4,6 +4,10 @@
 - ``multi-turn``: the records with two turns (Spec-Bench's MT-bench part) as conversations:
   the first turn alone, then the second carrying the first turn and the configuration's own
   answer to it, so what a request taught a drafter is there for the next one.
+- ``samples``: each dev prompt's first turn asked ``n`` times in a row, each request with its
+  own seed (the bench's seed + the sample's number - 1): best-of-n and self-consistency
+  sampling, RL rollouts. At temperature > 0 the answers part ways at random points, so what
+  earlier samples said gives a drafter several plausible continuations (where trees pay).
 - ``edit``: code from this repository (``verispec``'s own modules, not a benchmark) cut into
   snippets at top-level definitions, each asked for with small changes, one request per
   change: the answer repeats most of the snippet, and the next change to the same snippet
@@ -24,7 +28,7 @@ from verispec.bench.run import PromptIds
 from verispec.errors import UserError
 from verispec.prompts import Prompt
 
-WORKLOADS = ("single", "multi-turn", "edit")
+WORKLOADS = ("single", "multi-turn", "samples", "edit")
 PACKAGE = Path(__file__).resolve().parent.parent  # the verispec package: the edit workload's code
 SNIPPET_LINES = (12, 40)  # a snippet's length in lines: whole top-level definitions within this
 EDITS = (
@@ -43,6 +47,18 @@ class WorkloadError(UserError, ValueError):
 
 def single(prompts: list[Prompt], engine: Any) -> list[tuple[Prompt, PromptIds]]:
     return [(p, engine.encode(p.text)) for p in prompts]
+
+
+def samples(prompts: list[Prompt], engine: Any, n: int) -> list[tuple[Prompt, PromptIds]]:
+    """Each prompt's first turn as ``n`` requests in a row (``Prompt.turn`` numbers them)."""
+    if n < 1:
+        raise WorkloadError(f"the samples workload asks each prompt at least once, not {n} times")
+    items: list[tuple[Prompt, PromptIds]] = []
+    for record in prompts:
+        ids = engine.encode(record.text)
+        for number in range(1, n + 1):
+            items.append((Prompt(record.question_id, record.category, record.text, record.turns, number), ids))
+    return items
 
 
 def multi_turn(prompts: list[Prompt], engine: Any) -> list[tuple[Prompt, PromptIds]]:

@@ -33,6 +33,7 @@ looked up.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -57,12 +58,16 @@ class Draft:
     ``parents``: None for a chain (token i follows token i - 1); for a tree, token i's parent
     node, -1 for the pending token (``verispec.accept_tree``). A tree lists its nodes so that
     every prefix of the list is a tree (parents first): a round may verify its first k nodes.
+
+    ``frequencies``: where the drafter can say it, each node's estimated chance that the
+    target continues its parent with it (``verispec.tree_sizing`` sizes trees from them).
     """
 
     tokens: list[int]
     probs: NDArray[np.float64] | None = None
     source: Hashable = None
     parents: list[int] | None = None
+    frequencies: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.probs is not None and self.probs.shape[0] != len(self.tokens):
@@ -72,6 +77,8 @@ class Draft:
                 raise ValueError(f"{len(self.tokens)} draft tokens but {len(self.parents)} parents")
             if any(not -1 <= parent < node for node, parent in enumerate(self.parents)):
                 raise ValueError(f"a tree's parents must come before their children: {self.parents}")
+        if self.frequencies is not None and len(self.frequencies) != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} draft tokens but {len(self.frequencies)} frequencies")
 
     @property
     def is_tree(self) -> bool:
@@ -79,17 +86,35 @@ class Draft:
         return self.parents is not None and any(parent != node - 1 for node, parent in enumerate(self.parents))
 
     def first(self, k: int) -> Draft:
-        """The first k tokens (nodes), with their rows, source and parents."""
+        """The first k tokens (nodes), with their rows, source, parents and frequencies."""
         if len(self.tokens) <= k:
             return self
-        probs = None if self.probs is None else self.probs[:k]
-        parents = None if self.parents is None else self.parents[:k]
-        return Draft(self.tokens[:k], probs, self.source, parents)
+        return self.select(list(range(max(0, k))))
+
+    def select(self, nodes: Sequence[int]) -> Draft:
+        """The nodes ``nodes`` (increasing; with each node its parent) as a draft of their own:
+        a chain where they form one, else a tree with its parents renumbered."""
+        if any(b <= a for a, b in itertools.pairwise(nodes)) or (nodes and nodes[0] < 0):
+            raise ValueError(f"nodes to keep must increase from 0 up, got {list(nodes)}")
+        probs = None if self.probs is None else self.probs[list(nodes)]
+        frequencies = None if self.frequencies is None else [self.frequencies[n] for n in nodes]
+        parents = None
+        if self.parents is not None:
+            renumbered = {node: i for i, node in enumerate(nodes)}
+            try:
+                parents = [-1 if self.parents[n] < 0 else renumbered[self.parents[n]] for n in nodes]
+            except KeyError as missing:
+                raise ValueError(f"node {missing} is kept without its parent") from None
+            if all(parent == i - 1 for i, parent in enumerate(parents)):
+                parents = None  # a chain
+        elif list(nodes) != list(range(len(nodes))):
+            raise ValueError(f"a chain keeps a prefix, not the nodes {list(nodes)}")
+        return Draft([self.tokens[n] for n in nodes], probs, self.source, parents, frequencies)
 
     def main_chain(self) -> Draft:
         """A tree's first path: each position's first child (the drafter's best guess)."""
         if not self.is_tree:
-            return Draft(self.tokens, self.probs, self.source)
+            return Draft(self.tokens, self.probs, self.source, None, self.frequencies)
         assert self.parents is not None
         nodes: list[int] = []
         current = -1
@@ -99,8 +124,7 @@ class Draft:
                 break
             nodes.append(child)
             current = child
-        probs = None if self.probs is None else self.probs[nodes]
-        return Draft([self.tokens[i] for i in nodes], probs, self.source)
+        return self.select(nodes)
 
 
 NO_DRAFT = Draft(tokens=[])

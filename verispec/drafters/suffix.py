@@ -23,15 +23,17 @@ Terms:
 With ``branches`` > 1 (option ``suffix_branches``) the proposal is a tree: each node's
 ``branches`` most frequent continuations are candidates, and nodes are taken best first by
 score (the product of frequencies from the root: the estimated chance that the whole path is
-right) while the score is at least ``min_score``. Nodes come out parents first, so the first
-k nodes are the best k-node tree under these estimates, and a node budget that one path fills
-best gives a chain. The engine verifies a tree in one pass (``verispec.accept_tree``) where
-the target can (``verify_tree``), else the tree's main chain.
+right) while the score is at least ``min_score``, up to k deep and ``branches`` x k nodes.
+Nodes come out parents first, so the first n nodes are the best n-node tree under these
+estimates. Each node carries its frequency (``Draft.frequencies``), and the governor picks
+the nodes a round verifies (``verispec.tree_sizing``: the main chain as it would, and an
+alternative where its chance pays for its row). The engine verifies a tree in one pass
+(``verispec.accept_tree``) where the target can (``verify_tree``), else the tree's main chain.
 
 Drafts are deterministic, so q is a point mass. A proposal's source is (match length bucket,
 first frequency bucket): the governor keeps acceptance estimates per source, as it does for
-lookup's n. Proposing is a read (``pure_proposals``): a proposal of k tokens is the first k of
-a longer one, because the walk does not depend on k.
+lookup's n. Proposing is a read (``pure_proposals``): a chain of k tokens is the first k of a
+longer one, because the walk does not depend on k.
 
 The cache never mixes scopes: the server gives each API key's requests a drafter of their own
 (``scope`` option), so one key's prompts never become another key's drafts.
@@ -333,21 +335,26 @@ def _many_continuations(stores: Stores, branches: int) -> tuple[int, list[tuple[
     return int(alive.sum()), children
 
 
-def walk(stores: Stores, k: int, min_score: float, match: int, branches: int = 1) -> Walk:
+def walk(stores: Stores, k: int, min_score: float, match: int, branches: int = 1, nodes: int = 0) -> Walk:
     """Grow a draft from the occurrences ``positions`` (each pointing at the token after a
-    match) in each store (the request's own last: it wins ties): up to ``k`` nodes, best
-    first by score (the product of frequencies from the root), each node's ``branches`` most
-    frequent continuations its candidates, none scoring below ``min_score``. With one branch
-    this is the chain of most frequent continuations; with more, the nodes come out parents
-    first, so any first k of them are a tree (the best k-node tree under these estimates)."""
+    match) in each store (the request's own last: it wins ties): up to ``k`` tokens deep and
+    ``nodes`` nodes (default k), best first by score (the product of frequencies from the
+    root), each node's ``branches`` most frequent continuations its candidates, none scoring
+    below ``min_score``. With one branch this is the chain of most frequent continuations; with
+    more, the nodes come out parents first, so any first n of them are a tree (the best n-node
+    tree under these estimates)."""
+    budget = max(nodes, k)
     count = sum(int(p.shape[0]) for _, p in stores)
     found = Walk([], match, count, [], [])
+    depth: list[int] = []  # of each node taken, 1 for the root's children
     live = [(store, positions) for store, positions in stores if positions.shape[0]]
     heap: list[tuple[float, int, int, int, float, Stores]] = []  # (-score, order, parent, token, frequency, stores)
     pushed = 0
 
     def expand(parent: int, score: float, node_stores: Stores) -> None:
         nonlocal pushed
+        if parent >= 0 and depth[parent] >= k:
+            return
         total, children = _continuations(node_stores, branches)
         for token, child_count, advanced in children:
             frequency = child_count / total
@@ -356,21 +363,23 @@ def walk(stores: Stores, k: int, min_score: float, match: int, branches: int = 1
                 pushed += 1
 
     expand(-1, 1.0, live)
-    while heap and len(found.tokens) < k:
+    while heap and len(found.tokens) < budget:
         negative, _, parent, token, frequency, advanced = heapq.heappop(heap)
         found.tokens.append(token)
         found.frequencies.append(frequency)
         found.parents.append(parent)
+        depth.append(1 if parent < 0 else depth[parent] + 1)
         if not heap and len(advanced) == 1 and advanced[0][1].shape[0] == 1:
             # One occurrence and no other candidate: the rest is what followed it, each token
             # with frequency 1, as expanding node by node would give (a slice, not k calls).
             store, (start,) = advanced[0][0], advanced[0][1].tolist()
-            rest = store[start : start + k - len(found.tokens)].tolist()
+            rest = store[start : start + min(k - depth[-1], budget - len(found.tokens))].tolist()
             rest = rest[: rest.index(SEPARATOR)] if SEPARATOR in rest else rest
             for token in rest:
                 found.parents.append(len(found.tokens) - 1)
                 found.tokens.append(int(token))
                 found.frequencies.append(1.0)
+                depth.append(depth[-1] + 1)
             break
         expand(len(found.tokens) - 1, -negative, advanced)
     return found
@@ -440,7 +449,7 @@ class SuffixDrafter:
         if not found.tokens:
             return NO_DRAFT
         parents = found.parents if self.branches > 1 else None
-        return Draft(tokens=found.tokens, source=source_of(found), parents=parents)
+        return Draft(found.tokens, source=source_of(found), parents=parents, frequencies=found.frequencies)
 
     def search(self, k: int) -> Walk:
         """The walk from the deepest node the context reaches in either store."""
@@ -465,7 +474,9 @@ class SuffixDrafter:
         deepest = max(int(lengths.max()) for _, _, lengths in candidates)
         node = [(store, positions[lengths >= deepest]) for store, positions, lengths in candidates]
         limit = min(k, max(1, int(self.spec_factor * deepest)))
-        return walk(node, limit, self.min_score, deepest, self.branches)
+        # A tree may hold up to ``branches`` nodes per position of depth: which of them a
+        # round verifies is the governor's choice (``verispec.tree_sizing``).
+        return walk(node, limit, self.min_score, deepest, self.branches, limit * self.branches)
 
     def observe(self, context: Sequence[int], accepted: int) -> None:
         self._sync(context)
