@@ -10,6 +10,7 @@ from verispec.governor import CostModel
 from verispec.planner import AUTO, Planner, row_acceptance
 from verispec.sampling import SamplingParams
 from verispec.stats import RequestStats
+from verispec.tree_sizing import BranchCalibration
 
 RNG = np.random.default_rng(0)
 
@@ -130,10 +131,14 @@ class TreeDrafter:
         return self
 
 
-def _tree_request(per_row: float):
+def _tree_request(per_row: float, planner: Planner | None = None):
+    """A request of TreeDrafter's whose governor starts with the later-child scale at 1 (as if
+    earlier requests had measured alternatives right as often as their shares say)."""
     drafter = TreeDrafter()
     drafter.begin([1, 2, 3], SamplingParams())
-    return Planner().begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.01, per_row))
+    planner = planner or Planner()
+    planner.branching.setdefault("tree", BranchCalibration(taken=8.0, predicted=7.0))
+    return planner.begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.01, per_row))
 
 
 def test_a_governor_verifies_the_alternatives_of_a_tree_only_where_their_rows_pay():
@@ -152,8 +157,10 @@ def test_a_governor_verifies_the_alternatives_of_a_tree_only_where_their_rows_pa
 
 
 def test_a_tree_round_teaches_the_position_estimates_and_the_alternatives_scale():
-    request = _tree_request(0.0001)
+    planner = Planner()
+    request = _tree_request(0.0001, planner)
     governor = request.governor
+    assert governor.branching.scale == pytest.approx(1.0)
     target_row = np.zeros(32)
     target_row[20] = 1.0  # the target always takes the alternative 20 at position 1
     trees = 0
@@ -168,6 +175,10 @@ def test_a_tree_round_teaches_the_position_estimates_and_the_alternatives_scale(
     assert governor.branching.scale > 1.2  # taken every time against a predicted share of 0.75
     # 10 now looks hopeless and 20 sure: rounds draft 20 alone (a chain of the alternative).
     assert request.plan([1, 2, 3], 50, RNG).draft.tokens[0] == 20
+    # The engine's planner carries the scale to the drafter's next request.
+    planner.finish(request)
+    again = _tree_request(0.0001, planner)
+    assert again.governor.branching.scale == pytest.approx(governor.branching.scale)
 
 
 def test_a_tree_is_decided_as_its_main_chain_where_passes_take_no_trees():

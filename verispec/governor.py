@@ -284,10 +284,12 @@ class Governor:
         adapt_costs: bool = True,
         shadow: bool = False,
         start: Sequence[float] | Mapping[Source, Sequence[float]] = (),
+        branching: BranchCalibration | None = None,
     ) -> None:
         """``shadow``: plain rounds will report a shadow draft's acceptance (``observe_shadow``).
         ``start``: acceptance per draft position to start from, per source or for all
-        (``AcceptanceMemory.start``); positions it lacks start at the prior."""
+        (``AcceptanceMemory.start``); positions it lacks start at the prior. ``branching``:
+        the later-child calibration of trees to start from (copied; default the prior)."""
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         if not costs.known:
@@ -308,7 +310,8 @@ class Governor:
         self.plain_by_governor = 0
         self.probes = 0
         self.load = ALONE  # the batch the next round shares a pass with (set by the planner)
-        self.branching = BranchCalibration()  # later children of trees: taken over predicted
+        # Later children of trees: taken over predicted (``tree_sizing.BranchCalibration``).
+        self.branching = copy.copy(branching) if branching is not None else BranchCalibration()
 
     def estimates(self, source: Source = None) -> Estimates:
         if source not in self.sources:

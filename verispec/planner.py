@@ -11,9 +11,10 @@ One object decides every round, whatever the request asked for:
 
 ``Planner`` is held by an engine and keeps, per drafter, the round costs as calibrated
 (frozen, for reproducible sampled requests), as refined by later requests (live), and the
-acceptance memory the next request's governor starts from. ``Planner.begin`` gives a request
-its ``RequestPlanner``: ``plan(context, room, rng) -> Plan(k, draft, shadow)`` before the
-verify pass, ``observe(...)`` after it; ``Planner.finish`` folds a finished request back in.
+acceptance memory and trees' later-child calibration the next request's governor starts
+from. ``Planner.begin`` gives a request its ``RequestPlanner``: ``plan(context, room, rng)
+-> Plan(k, draft, shadow)`` before the verify pass, ``observe(...)`` after it;
+``Planner.finish`` folds a finished request back in.
 The engine's rounds and the benchmark's replay (``verispec.bench.replay``) run this same
 object, so what a replay judges is what the engine does.
 
@@ -38,6 +39,7 @@ from verispec.governor import ALONE, PROBE_K, AcceptanceMemory, CostModel, Decis
 from verispec.sampling import SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.targets.base import Target
+from verispec.tree_sizing import BranchCalibration
 
 AUTO = "auto"
 DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
@@ -165,6 +167,7 @@ class Planner:
         self.calibrated: dict[str, CostModel] = {}
         self.live: dict[str, CostModel] = {}
         self.acceptance: dict[str, AcceptanceMemory] = {}
+        self.branching: dict[str, BranchCalibration] = {}  # trees' later-child scale, carried
 
     def begin(
         self,
@@ -195,7 +198,8 @@ class Planner:
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
         # nothing the next round sees), and only while they are nearly free.
         shadow = self.shadows and drafter.pure_proposals and Governor.can_shadow(costs)
-        governor = Governor(limit, costs, adapt_costs=not reproducible, shadow=shadow, start=start)
+        branching = None if reproducible else self.branching.get(name)
+        governor = Governor(limit, costs, not reproducible, shadow, start, branching)
         stats.governor_start_acceptance = start[None][0] if start else None
         return RequestPlanner(drafter, stats, governor=governor)
 
@@ -206,6 +210,7 @@ class Planner:
         if governor is not None and governor.adapt_costs:
             self.live[request.drafter.name] = governor.costs
             self.acceptance[request.drafter.name].learn(governor)
+            self.branching[request.drafter.name] = governor.branching
 
 
 def calibrate(

@@ -156,10 +156,15 @@ def test_an_outcome_reads_each_examined_position_and_each_refused_first_child():
 
 def test_the_branch_scale_follows_what_alternatives_win():
     calibration = BranchCalibration()
-    assert calibration.scale == 1.0
+    assert calibration.scale == 0.5  # the prior: a drafter's alternatives win half their share
     for _ in range(40):
         calibration.observe(0.5, False)
-    assert calibration.scale < 0.15  # 1 / (1 + 0.5 x 17.4): the prior counts as one
-    for _ in range(60):
+    assert calibration.scale < 0.1  # 1 / (2 + 0.5 x 27.7): the prior counts as two
+    for _ in range(300):
         calibration.observe(0.5, True)
-    assert calibration.scale == pytest.approx(2.0, rel=0.1)
+    # Taken twice as often as predicted: the sums settle at 50 and 25 (1 / (1 - 0.98) rounds),
+    # and the prior adds its 1 and 2.
+    assert calibration.scale == pytest.approx(51 / 27, rel=0.01)
+    before = calibration.predicted
+    calibration.observe(3.0, True)  # a share above one counts as one
+    assert calibration.predicted == pytest.approx(0.98 * before + 1.0)
