@@ -42,6 +42,9 @@ from verispec.server.state import ServerSettings
 
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # records are small; a local instance needs little shared memory
 DEFAULT_BATCH_SIZE = 4
+# How long the job waits for every actor's engine to load before it hands out work (else the
+# first one ready takes all of a small job); a cluster without room for them fails after it.
+ACTOR_START_SECONDS = 1800
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ def run_on_ray(
         return
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the job's own bar counts records as they are written
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
+    context.wait_for_min_actors_s = ACTOR_START_SECONDS
     by_id = {request.custom_id: request for request in requests}
     rows = [{"line": r.line, "custom_id": r.custom_id, "url": r.url, "body": json.dumps(r.body)} for r in requests]
     batch_size = max(1, min(options.batch_size, len(requests)))
