@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -93,7 +94,8 @@ def main() -> None:
     )
     import ray
 
-    start_local_ray(2, tempfile.mkdtemp(prefix="verispec-ray-bench-"))
+    temp_dir = tempfile.mkdtemp(prefix="verispec-ray-bench-")
+    start_local_ray(2, temp_dir)
     runs = []
     try:
         for repeat in range(args.repeats):
@@ -108,6 +110,7 @@ def main() -> None:
                 )
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     for field in ("job_tok_s", "generation_tok_s"):
         ratios = [b[field] / a[field] for a, b in zip(runs[0::2], runs[1::2], strict=True)]
         each = ", ".join(f"{r:.2f}" for r in ratios)

@@ -62,7 +62,7 @@ class RayOptions:
 @contextlib.contextmanager
 def ray_cluster(options: RayOptions) -> Iterator[None]:
     """Ray connected for the job: ``options.address`` joined, or a local instance started in a
-    private temporary folder (removed after a clean run, kept for its logs after a failure)."""
+    private temporary folder (removed afterwards, but kept for its logs after a failure)."""
     import ray
 
     temp_dir = None
@@ -71,13 +71,15 @@ def ray_cluster(options: RayOptions) -> Iterator[None]:
     else:
         temp_dir = tempfile.mkdtemp(prefix="verispec-ray-")
         start_local_ray(options.workers * options.cpus_per_worker, temp_dir)
-    clean = False
+    failed = False
     try:
         yield
-        clean = True
+    except Exception:
+        failed = True  # its logs stay in temp_dir (an interrupt is no failure)
+        raise
     finally:
         ray.shutdown()
-        if temp_dir is not None and clean:
+        if temp_dir is not None and not failed:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
