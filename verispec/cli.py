@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.server.cli import add_serve_parser
 
     add_serve_parser(commands)
+    from verispec.batch.cli import add_batch_parser
+
+    add_batch_parser(commands)
     from verispec.train.cli import add_train_parser
 
     add_train_parser(commands)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
 def k_value(text: str) -> int | str:
@@ -16,6 +17,21 @@ def k_value(text: str) -> int | str:
     if value < 0:
         raise argparse.ArgumentTypeError(f"k must be 'auto' or an integer >= 0, got {value}")
     return value
+
+
+def bounded_int(low: int) -> Callable[[str], int]:
+    """An argument type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from error
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

@@ -9,26 +9,13 @@ import os
 import sys
 from typing import Any
 
-from verispec.cli_args import add_model_options, k_value, model_options
+from verispec.cli_args import add_model_options, bounded_int, k_value
 from verispec.drafters.suffix import DEFAULT_CACHE_TOKENS
 from verispec.scheduler import DEFAULT_MAX_ROWS, DEFAULT_MAX_RUNNING
 
 API_KEY_ENV = "VERISPEC_API_KEY"
 
 log = logging.getLogger("verispec.server")
-
-
-def _bounded_int(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from error
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def _seconds(text: str) -> float:
@@ -58,22 +45,10 @@ def _host_names(text: str) -> list[str]:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (completions, chat, streaming)")
     add_model_options(serve)
-    spec = serve.add_argument_group("speculation (per-request defaults; requests may override)")
-    drafter = spec.add_argument(
-        "--drafter", default="lookup", help="%(drafters)s; model needs --draft-model (default: %(default)s)"
-    )
-    drafter.drafters = _DrafterNames()  # type: ignore[attr-defined]  # expanded into the help text
-    spec.add_argument("--k", type=k_value, default=None, help="drafts per round: auto or a number (default: auto)")
-    spec.add_argument(
-        "--suffix-cache",
-        type=_bounded_int(0),
-        default=DEFAULT_CACHE_TOKENS,
-        help="tokens of earlier requests (prompts and outputs) the suffix drafter keeps to draft from, per API "
-        "key; 0 turns the cross-request cache off (default: %(default)s)",
-    )
+    add_speculation_options(serve)
     http = serve.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
-    http.add_argument("--port", type=_bounded_int(0), default=8000, help="port (default: 8000)")
+    http.add_argument("--port", type=bounded_int(0), default=8000, help="port (default: 8000)")
     http.add_argument(
         "--api-key",
         action="append",
@@ -92,38 +67,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     http.add_argument(
         "--max-queue",
-        type=_bounded_int(0),
+        type=bounded_int(0),
         default=64,
         help="requests that may wait for room; 0: a request runs if there is room, else 429 (default: 64)",
     )
+    add_request_limits(http)
     http.add_argument(
-        "--max-running",
-        type=_bounded_int(1),
-        default=DEFAULT_MAX_RUNNING,
-        help="requests generated at once, stepped together in one forward pass each step (native backend; "
-        f"others run one at a time) (default: {DEFAULT_MAX_RUNNING})",
-    )
-    http.add_argument(
-        "--max-rows",
-        type=_bounded_int(1),
-        default=DEFAULT_MAX_ROWS,
-        help="rows of one forward pass: the running requests' verify rows, then prefill chunks of new prompts "
-        f"(default: {DEFAULT_MAX_ROWS})",
-    )
-    http.add_argument(
-        "--max-body-bytes", type=_bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"
-    )
-    http.add_argument(
-        "--max-prompt-tokens",
-        type=_bounded_int(1),
-        default=None,
-        help="longest prompt in tokens; longer ones get 400 context_length_exceeded (default: the model's context)",
-    )
-    http.add_argument(
-        "--default-max-tokens",
-        type=_bounded_int(1),
-        default=1024,
-        help="max_tokens of chat requests that set none (default: 1024; /v1/completions: 16, as OpenAI's)",
+        "--max-body-bytes", type=bounded_int(1), default=1 << 20, help="largest request body (default: 1 MiB)"
     )
     http.add_argument(
         "--drain-timeout", type=_seconds, default=30.0, help="on SIGTERM, seconds to let requests finish (default: 30)"
@@ -135,13 +85,61 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return serve
 
 
+def add_speculation_options(parser: argparse.ArgumentParser) -> None:
+    """--drafter, --k, --suffix-cache: the defaults of requests (``EngineSpec.from_args``)."""
+    spec = parser.add_argument_group("speculation (per-request defaults; requests may override)")
+    drafter = spec.add_argument(
+        "--drafter", default="lookup", help="%(drafters)s; model needs --draft-model (default: %(default)s)"
+    )
+    drafter.drafters = _DrafterNames()  # type: ignore[attr-defined]  # expanded into the help text
+    spec.add_argument("--k", type=k_value, default=None, help="drafts per round: auto or a number (default: auto)")
+    spec.add_argument(
+        "--suffix-cache",
+        type=bounded_int(0),
+        default=DEFAULT_CACHE_TOKENS,
+        help="tokens of earlier requests (prompts and outputs) the suffix drafter keeps to draft from, per API "
+        "key; 0 turns the cross-request cache off (default: %(default)s)",
+    )
+
+
+def add_request_limits(group: Any) -> None:
+    """--max-running, --max-rows, --max-prompt-tokens, --default-max-tokens: how the engine
+    worker runs requests (``ServerSettings``)."""
+    group.add_argument(
+        "--max-running",
+        type=bounded_int(1),
+        default=DEFAULT_MAX_RUNNING,
+        help="requests generated at once, stepped together in one forward pass each step (native backend; "
+        f"others run one at a time) (default: {DEFAULT_MAX_RUNNING})",
+    )
+    group.add_argument(
+        "--max-rows",
+        type=bounded_int(1),
+        default=DEFAULT_MAX_ROWS,
+        help="rows of one forward pass: the running requests' verify rows, then prefill chunks of new prompts "
+        f"(default: {DEFAULT_MAX_ROWS})",
+    )
+    group.add_argument(
+        "--max-prompt-tokens",
+        type=bounded_int(1),
+        default=None,
+        help="longest prompt in tokens; longer ones get 400 context_length_exceeded (default: the model's context)",
+    )
+    group.add_argument(
+        "--default-max-tokens",
+        type=bounded_int(1),
+        default=1024,
+        help="max_tokens of chat requests that set none (default: 1024; /v1/completions: 16, as OpenAI's)",
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verispec import models
-    from verispec.api import load_engine
     from verispec.drafters.registry import drafter_names
     from verispec.server.app import ServerSettings, create_app
+    from verispec.server.engine_spec import EngineSpec
     from verispec.server.runner import GRACEFUL_SHUTDOWN_SECONDS, DrainingServer
 
     _configure_logging()
@@ -166,16 +164,7 @@ def run_serve(args: argparse.Namespace) -> int:
         drafters=[d for d in drafter_names(controls=False) if d != "model" or args.draft_model is not None],
     )
 
-    def load() -> Any:
-        engine = load_engine(args.model, slots=args.max_running, **model_options(args))  # type: ignore[arg-type]
-        engine.drafter_options["suffix_cache_tokens"] = args.suffix_cache
-        options: dict[str, Any] = {"drafter": args.drafter}
-        if args.k is not None:
-            options["k"] = args.k
-        # One short request: checks the default drafter and k, and pays first-call costs now.
-        engine.generate(engine.encode("Hello", chat=False), max_tokens=2, temperature=0.0, **options)
-        return engine
-
+    load = EngineSpec.from_args(args).load
     failed: list[BaseException] = []
     server: DrainingServer | None = None
 

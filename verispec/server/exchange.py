@@ -79,21 +79,28 @@ async def respond(
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache"},
             )
-        while kind == "piece":
-            kind, value = await _next(job, timer)
-        if kind == "failed":
-            raise value
-        if kind == "aborted":
+        result = await finish(job, timer, (kind, value))
+        if result is None:
             if watch.gone:
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             raise aborted_by_shutdown()
-        result: Generation = value
         return json_response(completion_body(job.id, body.model, created, result, job.chat), headers=headers)
     except BaseException:
         worker.cancel(job)  # no-op when the job has finished
         raise
     finally:
         await watch.stop()
+
+
+async def finish(job: GenerationJob, timer: StreamTimer, event: Event | None = None) -> Generation | None:
+    """Wait for the end of a submitted job, from ``event`` (one already taken) or its next:
+    its ``Generation``, or None when it was aborted; a job that failed raises its ``APIError``."""
+    kind, value = event if event is not None else await _next(job, timer)
+    while kind in ("started", "piece"):
+        kind, value = await _next(job, timer)
+    if kind == "failed":
+        raise value
+    return value if kind == "done" else None
 
 
 async def _next(job: GenerationJob, timer: StreamTimer) -> Event:

@@ -1,7 +1,8 @@
 """Request parsing into jobs: a request body becomes a ``GenerationJob`` for the worker.
 
-``parse_body`` reads the JSON into the request models of ``schemas``; every way a body can
-be wrong is a 400 naming the field. ``completion_job`` and ``chat_job`` check what the
+``parse_body`` reads the JSON into the request models of ``schemas`` (``decode_body``, then
+``validate_body``, which ``verispec batch`` calls on the bodies of its lines); every way a body
+can be wrong is a 400 naming the field. ``completion_job`` and ``chat_job`` check what the
 models cannot (the model name, unsupported options, the model being loaded) and map the
 sampling fields through the one table of ``sampling_options``.
 """
@@ -28,17 +29,23 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """``json.loads``'s ``parse_constant``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not valid JSON")
 
 
 async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
     """The body as ``model``; every way it can be wrong is a 400 naming the field."""
     raw = await request.body()
+    return validate_body(decode_body(raw), model, escaped=b"\\u" in raw)
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body; a missing body or one that is not JSON is a 400."""
     if not raw.strip():
         raise APIError(400, "the request body is missing: send a JSON object", code="invalid_body")
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
     except json.JSONDecodeError as error:
         raise APIError(
             400, f"the request body is not valid JSON: {error.msg} at character {error.pos}", code="invalid_json"
@@ -47,9 +54,17 @@ async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
         raise APIError(400, "the request body is nested too deeply", code="invalid_json") from error
     except ValueError as error:  # NaN/Infinity, integers with too many digits
         raise APIError(400, f"the request body is not valid JSON: {str(error)[:100]}", code="invalid_json") from error
+
+
+def validate_body(data: Any, model: type[BaseModel], *, escaped: bool = True) -> BaseModel:
+    """A decoded body as ``model``: a 400 naming the field for anything wrong in it.
+
+    ``escaped``: whether the JSON held a \\u escape, the only way it can spell a lone
+    surrogate (False skips that search).
+    """
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_body")
-    where = _lone_surrogate(data) if b"\\u" in raw else None  # JSON spells one only as an escape
+    where = _lone_surrogate(data) if escaped else None
     if where is not None:
         param = param_path(where)
         raise APIError(
