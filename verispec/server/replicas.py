@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import logging
 from typing import Any
 
@@ -55,8 +56,9 @@ CONSTRUCTOR_RETRIES = 3  # a model that failed to load is not retried twenty tim
 
 
 class ReplicaFront:
-    """ASGI wrapper in front of one replica's app: names the replica on every response, and
-    publishes its metrics before the last byte of a generation request's response."""
+    """ASGI wrapper in front of one replica's app: names the replica on every response,
+    publishes its metrics before the last byte of a generation request's response, and turns
+    Serve's way of saying that the client left into the ASGI one."""
 
     def __init__(self, app: ASGIApp, replica: ServerReplica) -> None:
         self.app = app
@@ -75,7 +77,21 @@ class ReplicaFront:
                 await self.replica.publish()
             await send(message)
 
-        await self.app(scope, receive, send_named)
+        gone = False
+
+        async def receive_or_disconnect() -> Message:
+            # Serve's receive raises TaskCancelledError once the proxy has cancelled the request
+            # (its client left, say right after a stream's [DONE]), where an ASGI server answers
+            # http.disconnect; and after raising it would wait forever.
+            nonlocal gone
+            if not gone:
+                try:
+                    return await receive()
+                except ray.exceptions.TaskCancelledError:
+                    gone = True
+            return {"type": "http.disconnect"}
+
+        await self.app(scope, receive_or_disconnect, send_named)
 
 
 @serve.ingress()
@@ -90,6 +106,9 @@ class ServerReplica:
         self.state: ServerState | None = None
         self._sequence = 0
         self._board: Any = None
+        # Board calls are submitted in this context, the constructor's, never a request's: Ray
+        # cancels the calls a request submitted when the request is cancelled (its client left).
+        self._context = contextvars.copy_context()
         # Loading takes seconds: in a thread, so the replica's event loop answers Serve meanwhile.
         self.engine = await asyncio.to_thread(loader)
         await self._wait_for_board()
@@ -108,9 +127,7 @@ class ServerReplica:
 
     async def __del__(self) -> None:
         self._publisher.cancel()
-        board = self._board_handle()
-        if board is not None:
-            await self._call(board.leave.remote(self.name), BOARD_TIMEOUT_SECONDS)
+        await self._call("leave", self.name, timeout=BOARD_TIMEOUT_SECONDS)
 
     # --- metrics ------------------------------------------------------------------------
 
@@ -121,17 +138,13 @@ class ServerReplica:
 
     async def publish(self) -> None:
         """Send this replica's counters to the board (not waited for past ``PUBLISH_WAIT_SECONDS``)."""
-        board = self._board_handle()
-        if board is not None and self.state is not None:
-            await self._call(board.publish.remote(self.name, *self._snapshot()), PUBLISH_WAIT_SECONDS)
+        if self.state is not None:
+            await self._call("publish", self.name, *self._snapshot(), timeout=PUBLISH_WAIT_SECONDS)
 
     async def metrics(self) -> bytes:
         """``/metrics``: the sum over the live replicas, or this one's alone without a board."""
         sequence, families = self._snapshot()
-        board = self._board_handle()
-        every = None
-        if board is not None:
-            every = await self._call(board.exchange.remote(self.name, sequence, families), BOARD_TIMEOUT_SECONDS)
+        every = await self._call("exchange", self.name, sequence, families, timeout=BOARD_TIMEOUT_SECONDS)
         snapshots = every if every is not None else [families]
         return exposition(merge(snapshots), len(snapshots))
 
@@ -146,33 +159,39 @@ class ServerReplica:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + BOARD_START_SECONDS
         while loop.time() < deadline:
-            board = self._board_handle(quiet=True)
-            if board is not None and await self._call(board.__ray_ready__.remote(), BOARD_START_SECONDS) is not None:
+            if await self._call("__ray_ready__", timeout=BOARD_START_SECONDS) is not None:
                 return
             await asyncio.sleep(0.5)
         log.warning("the metrics board did not start in %.0f s: /metrics answers one replica's", BOARD_START_SECONDS)
 
-    def _board_handle(self, quiet: bool = False) -> Any:
+    async def _call(self, method: str, *args: Any, timeout: float) -> Any:
+        """The board's answer, or None when it failed or took over ``timeout`` seconds. A call
+        not waited for is left to finish, not cancelled: Ray runs one caller's calls to an
+        actor in order, and one cancelled before it ran was seen to hold up all that followed."""
+        call = self._context.run(asyncio.get_running_loop().create_task, self._submit(method, *args))
+        call.add_done_callback(self._check)
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), timeout)
+        except TimeoutError:
+            log.warning("metrics board: %s took over %.1f s, not waited for", method, timeout)
+        except ray.exceptions.RayError:
+            pass  # logged by _check
+        return None
+
+    async def _submit(self, method: str, *args: Any) -> Any:
         if self._board is None:
             try:
                 self._board = serve.get_deployment_actor(BOARD)
-            except ValueError as error:  # being (re)created by Serve: the next call asks again
-                if not quiet:
-                    log.warning("metrics board not reachable: %s", error)
-        return self._board
+            except ValueError:  # not registered yet, or being recreated by Serve: asked again next time
+                return None
+        return await getattr(self._board, method).remote(*args)
 
-    async def _call(self, reference: Any, timeout: float) -> Any:
-        """The call's result, or None when the board failed or took over ``timeout`` seconds.
-        A call not waited for is left to run, not cancelled: Ray runs one caller's calls to an
-        actor in order, and one cancelled before it ran was seen to hold up all that followed."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(reference), timeout)
-        except TimeoutError:
-            log.warning("metrics board call took over %.1f s: not waited for", timeout)
-        except ray.exceptions.RayError as error:  # the board died: look it up again next time
+    def _check(self, call: asyncio.Task[Any]) -> None:
+        error = None if call.cancelled() else call.exception()
+        if error is not None:
             log.warning("metrics board call failed: %s", error)
-            self._board = None
-        return None
+            if isinstance(error, ray.exceptions.RayActorError):
+                self._board = None  # a handle to a dead actor stays dead: look it up again
 
 
 def build(settings: ServerSettings, loader: ServeLoader, replicas: int, cpus_per_replica: float) -> Application:
