@@ -170,7 +170,7 @@ def _add_replica_options(serve: argparse.ArgumentParser) -> None:
         "--ray-cpus-per-replica",
         type=_cpus,
         default=1.0,
-        help="CPUs Ray reserves for each replica; torch runs as many threads (default: 1)",
+        help="CPUs Ray reserves for each replica; its torch threads: as many whole CPUs, at least one (default: 1)",
     )
 
 

@@ -26,9 +26,11 @@ import argparse
 import asyncio
 import contextvars
 import logging
+import math
 from typing import Any
 
 import ray
+import torch
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import DeploymentActorConfig
@@ -97,10 +99,11 @@ class ReplicaFront:
 @serve.ingress()
 class ServerReplica:
     """One replica: loads the engine before it takes requests, then serves ``create_app``'s
-    app around it (built by ``__serve_build_asgi_app__``, which Serve calls after this)."""
+    app around it (built by ``__serve_build_asgi_app__``, which Serve calls after this).
+    ``threads``: torch's threads (the native and torch backends; llama.cpp's are set at load)."""
 
     # async: Serve awaits an ingress class's constructor (and requires it async in subclasses).
-    async def __init__(self, settings: ServerSettings, loader: ServeLoader) -> None:  # type: ignore[misc]
+    async def __init__(self, settings: ServerSettings, loader: ServeLoader, threads: int) -> None:  # type: ignore[misc]
         self.name = serve.get_replica_context().replica_id.unique_id
         self.settings = settings
         self.state: ServerState | None = None
@@ -111,6 +114,9 @@ class ServerReplica:
         self._context = contextvars.copy_context()
         # Loading takes seconds: in a thread, so the replica's event loop answers Serve meanwhile.
         self.engine = await asyncio.to_thread(loader)
+        # The backends size torch's thread pool by the cores the process may run on: on a
+        # node all of them, shared with the other replicas. A replica keeps to what Ray reserved.
+        torch.set_num_threads(threads)
         await self._wait_for_board()
         self._publisher = asyncio.get_running_loop().create_task(self._publish_every())
 
@@ -207,7 +213,7 @@ def build(settings: ServerSettings, loader: ServeLoader, replicas: int, cpus_per
             DeploymentActorConfig(name=BOARD, actor_class=ray.remote(MetricsBoard), actor_options={"num_cpus": 0})
         ],
     )(ServerReplica)
-    return deployment.bind(settings, loader)
+    return deployment.bind(settings, loader, max(1, math.floor(cpus_per_replica)))
 
 
 def app(args: dict[str, Any]) -> Application:
