@@ -24,6 +24,17 @@ from tests.server.test_openai_client import client  # noqa: F401  # the fixture 
 
 pytestmark = pytest.mark.slow
 
+
+# First in the module (pytest runs tests in the order the module defines them): its Ray
+# instance is gone before the module's replicas start.
+def test_a_model_that_fails_to_load_in_the_replicas_ends_the_command_with_its_error(chat_dir, tmp_path):
+    process = ServerProcess(chat_dir, tmp_path / "failing.log", "--replicas", "2", "--drafter", "model", pin=False)
+    assert process.process.wait(timeout=600) == 1
+    process.terminate()
+    message = "the replicas failed to start: verispec.drafters.base.DrafterError: the model drafter needs a draft model"
+    assert message in process.log_path.read_text(errors="replace"), process.log()
+
+
 # The single server's OpenAI-client checks, each run here against the replicas: pytest
 # collects a test function wherever a module holds it, with that module's fixtures.
 globals().update({name: check for name, check in vars(test_openai_client).items() if name.startswith("test_")})

@@ -78,7 +78,7 @@ def run_replicas(args: argparse.Namespace, settings: ServerSettings, loader: Ser
     except Stop as stop:
         log.info("%s: stopping the replicas (requests in flight get up to %.0f s)", stop, settings.drain_timeout)
     except RuntimeError as error:  # a deployment that failed: a model that does not load, say
-        print(f"verispec: error: the replicas failed to start: {error}", file=sys.stderr)
+        print(f"verispec: error: the replicas failed to start: {_why(error)}", file=sys.stderr)
         status = 1
     finally:
         _shut_down(started, local)
@@ -87,6 +87,21 @@ def run_replicas(args: argparse.Namespace, settings: ServerSettings, loader: Ser
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
     return status
+
+
+def _why(error: RuntimeError) -> str:
+    """The replicas' own error (the last line of their deployment's status: the exception a
+    replica's constructor raised), rather than Serve's "failed to update the deployments"."""
+    from ray import serve
+
+    from verispec.server.replicas import APP_NAME, DEPLOYMENT_NAME
+
+    try:
+        message = serve.status().applications[APP_NAME].deployments[DEPLOYMENT_NAME].message
+    except Exception:  # Serve itself failed: its own words, then
+        return str(error)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else str(error)
 
 
 def _start_local_ray(temp_dir: str, cpus_needed: float) -> None:

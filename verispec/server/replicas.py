@@ -132,8 +132,10 @@ class ServerReplica:
             raise RuntimeError("the engine worker thread has stopped")
 
     async def __del__(self) -> None:
-        self._publisher.cancel()
-        await self._call("leave", self.name, timeout=BOARD_TIMEOUT_SECONDS)
+        publisher = getattr(self, "_publisher", None)  # none when the constructor failed
+        if publisher is not None:
+            publisher.cancel()
+            await self._call("leave", self.name, timeout=BOARD_TIMEOUT_SECONDS)
 
     # --- metrics ------------------------------------------------------------------------
 
