@@ -11,6 +11,9 @@ before the first point and stopped after the last (an idle server uses no CPU):
     llamacpp   python -m llama_cpp.server on the same GGUF file, --n_ctx 4096, with the thread
                count verispec uses, --interrupt_requests False (its default aborts a running
                completion when another request arrives) (needs llama-cpp-python[server])
+    replicas1  verispec serve --replicas 1: as verispec, in one Ray Serve replica with one CPU
+    replicas2  verispec serve --replicas 2: two such replicas behind Ray Serve's proxy (not run
+               unless asked for: --servers replicas1,replicas2; needs the ray extra)
 
 Within one point the servers run one after another for the same duration: they cannot be
 interleaved, since each needs the machine to itself while it is measured. The order rotates
@@ -55,8 +58,15 @@ from verispec import models
 from verispec.cpu import cpu_threads
 from verispec.prompts import load_prompts, round_robin
 
-SERVERS = ("verispec", "plain", "llamacpp")
-VERISPEC_OPTIONS = {"verispec": {"drafter": "lookup", "k": "auto"}, "plain": {"drafter": "none"}}
+SERVERS = ("verispec", "plain", "llamacpp", "replicas1", "replicas2")
+DEFAULT_SERVERS = SERVERS[:3]
+SPECULATING = {"drafter": "lookup", "k": "auto"}
+VERISPEC_OPTIONS: dict[str, dict[str, Any]] = {
+    "verispec": SPECULATING,
+    "plain": {"drafter": "none"},
+    "replicas1": {**SPECULATING, "replicas": 1},
+    "replicas2": {**SPECULATING, "replicas": 2},
+}
 LLAMACPP_CONTEXT = 4096
 MAX_DURATION = 600.0
 
@@ -242,8 +252,21 @@ def start(name: str, args: argparse.Namespace, gguf: Path, log_dir: Path) -> Ser
     else:
         options = {"model": args.model, **VERISPEC_OPTIONS[name], "max_queue": args.max_queue}
         process = launch(name, verispec_command(port, options), url + "/health", log)
+        if "replicas" in options:
+            wait_for_replicas(url, options["replicas"])
     model = httpx.get(url + "/v1/models", headers=_auth(), timeout=30).json()["data"][0]["id"]
     return Server(name, process, url, model)
+
+
+def wait_for_replicas(url: str, replicas: int, timeout: float = 600.0) -> None:
+    """/health answers once one replica is up; /metrics counts those that are (all, here)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", headers=_auth(), timeout=30).text
+        if f"verispec_replicas {float(replicas)}" in text:
+            return
+        time.sleep(1.0)
+    sys.exit(f"serve_load: {replicas} replicas not up after {timeout:.0f} s")
 
 
 async def warm_up(server: Server, body: dict[str, Any]) -> None:
@@ -379,7 +402,12 @@ def _servers(text: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=_concurrency, default=[1, 4, 16], help="client counts (default 1,4,16)")
-    parser.add_argument("--servers", type=_servers, default=list(SERVERS), help=f"of {','.join(SERVERS)} (default all)")
+    parser.add_argument(
+        "--servers",
+        type=_servers,
+        default=list(DEFAULT_SERVERS),
+        help=f"of {','.join(SERVERS)} (default {','.join(DEFAULT_SERVERS)})",
+    )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of sending per server and point")
     parser.add_argument("--grace", type=float, default=60.0, help="then seconds for requests in flight to finish")
     parser.add_argument("--max-tokens", type=int, default=128)

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,17 @@ class ServerProcess:
             time.sleep(0.1)
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
 
+    def wait_for_log(self, text: str, timeout: float = 600.0) -> ServerProcess:
+        """Wait until the server's log holds ``text`` (a line it logs once something is done)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log_path.read_text(errors="replace"):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{text!r} not logged after {timeout} s:\n{self.log()}")
+            time.sleep(0.2)
+        return self
+
     def log(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -169,12 +181,12 @@ def assert_error_shape(response: httpx.Response | Any, status: int | None = None
     return dict(error)
 
 
-def sse_events(response: httpx.Response) -> list[Any]:
-    """The data payloads of a server-sent-events response, "[DONE]" included."""
+def sse_events(response: httpx.Response | Iterable[str]) -> list[Any]:
+    """The data payloads of a server-sent-events response (or of its lines), "[DONE]" included."""
     import json
 
     events: list[Any] = []
-    for line in response.iter_lines():
+    for line in response.iter_lines() if isinstance(response, httpx.Response) else response:
         if line.startswith("data: "):
             data = line[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))

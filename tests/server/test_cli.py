@@ -69,3 +69,28 @@ def test_unknown_backend_and_missing_model_fail_fast(capsys):
     assert "invalid choice: 'tensorrt'" in capsys.readouterr().err
     assert main(["serve", "--model", "/no/such/model.gguf"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_ray_options_need_replicas(capsys):
+    assert main(["serve", "--ray-address", "auto"]) == 2
+    assert "need --replicas" in capsys.readouterr().err
+    for bad in (["--replicas", "0"], ["--replicas", "2", "--ray-cpus-per-replica", "0"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", *bad])
+
+
+def test_serve_run_builder_takes_the_serve_options():
+    """``serve run verispec.server.replicas:app KEY=VALUE ...`` (built, not run: no Ray)."""
+    from verispec.server import replicas
+
+    options = {"replicas": "3", "max_running": "2", "max-queue": "5", "exact": "false", "ray-cpus-per-replica": "0.5"}
+    deployment = replicas.app(options)._bound_deployment
+    assert deployment.num_replicas == 3 and deployment.ray_actor_options["num_cpus"] == 0.5
+    assert deployment.max_ongoing_requests == 2 + 5 + replicas.HEADROOM  # slots + queue + room for /health
+    settings, spec, threads = deployment.init_args
+    assert (settings.max_running, settings.max_queue, spec.slots, threads) == (2, 5, 2, 1)
+    assert spec.load_options["exact"] is False
+    with pytest.raises(ValueError, match="serve run --address"):
+        replicas.app({"ray-address": "auto"})
+    with pytest.raises(SystemExit):  # argparse's own message: an option serve does not have
+        replicas.app({"no-such-option": "1"})

@@ -170,7 +170,10 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
     block = speculative_block(response.usage)
     histogram = {k: n for k, n in block["k_chosen_histogram"].items()}
     assert block["k"] == "auto" and sum(histogram.values()) == block["rounds"]
-    assert block["governor_plain_rounds"] == histogram.get("0", 0)
+    # Plain rounds the governor chose; any other k=0 round had no draft to choose from. Which
+    # rounds those are depends on where rounds fall, so on k choices that start from the
+    # engine's recent acceptance: its history (another replica's, behind Ray Serve).
+    assert 0 <= block["governor_plain_rounds"] <= histogram.get("0", 0)
     after_samples = server.metrics()
     after = chosen(after_samples)
     assert {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)} == histogram

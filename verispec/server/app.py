@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -41,13 +41,19 @@ log = logging.getLogger("verispec.server")
 
 def create_app(
     settings: ServerSettings,
-    load: Callable[[], Engine],
+    load: Callable[[], Engine] | Engine,
     on_load_failure: Callable[[BaseException], None] | None = None,
+    *,
+    metrics: Callable[[], Awaitable[bytes]] | None = None,
 ) -> FastAPI:
-    """The app; ``load`` builds the engine in a background thread once the server starts."""
+    """The app; ``load`` builds the engine in a background thread once the server starts, or
+    is an engine already loaded, ready when the server starts (a Ray Serve replica loads
+    before it takes requests). ``metrics`` answers ``/metrics`` (default: this app's own
+    registry; replicas answer the sum over all of them)."""
     state = ServerState(settings)
 
     def load_in_background() -> None:
+        assert not isinstance(load, Engine)  # an engine already loaded is attached at startup
         start = time.perf_counter()
         try:
             engine = load()
@@ -62,7 +68,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        threading.Thread(target=load_in_background, name="verispec-load", daemon=True).start()
+        if isinstance(load, Engine):
+            state.attach(load)
+        else:
+            threading.Thread(target=load_in_background, name="verispec-load", daemon=True).start()
         yield
         if state.worker is not None:
             await asyncio.to_thread(state.worker.stop)
@@ -75,7 +84,7 @@ def create_app(
     )
     app.state.verispec = state
     _install_error_handlers(app)
-    _install_routes(app, state)
+    _install_routes(app, state, metrics)
     app.add_middleware(Gate, state=state)
     if settings.cors_origins:
         app.add_middleware(
@@ -119,7 +128,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_unexpected)
 
 
-def _install_routes(app: FastAPI, state: ServerState) -> None:
+def _install_routes(app: FastAPI, state: ServerState, exposition: Callable[[], Awaitable[bytes]] | None) -> None:
     @app.get("/health", responses={503: ERRORS[503]})
     async def health() -> Response:
         if state.draining:
@@ -137,7 +146,8 @@ def _install_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics", response_class=Response, responses={401: ERRORS[401]})
     async def metrics() -> Response:
-        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        body = await exposition() if exposition is not None else state.metrics.exposition()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post(
         "/v1/completions",

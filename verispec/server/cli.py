@@ -1,4 +1,5 @@
-"""``verispec serve``: its options, and starting the app under uvicorn (see ``runner``)."""
+"""``verispec serve``: its options, and starting the app under uvicorn (see ``runner``) or as Ray Serve
+replicas (``--replicas``, see ``replicas`` and ``ray_runner``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import ipaddress
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verispec.cli_args import add_model_options, bounded_int, k_value
 from verispec.drafters.suffix import DEFAULT_CACHE_TOKENS
 from verispec.scheduler import DEFAULT_MAX_ROWS, DEFAULT_MAX_RUNNING
+
+if TYPE_CHECKING:
+    from verispec.server.engine_spec import EngineSpec
+    from verispec.server.state import ServerSettings
 
 API_KEY_ENV = "VERISPEC_API_KEY"
 
@@ -81,6 +86,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     http.add_argument(
         "--cors-origin", action="append", default=[], help="allow browser requests from this origin (repeatable)"
     )
+    _add_replica_options(serve)
     serve.set_defaults(run=run_serve)
     return serve
 
@@ -133,25 +139,50 @@ def add_request_limits(group: Any) -> None:
     )
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def _cpus(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected a number of CPUs, got {text!r}") from error
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
+
+def _add_replica_options(serve: argparse.ArgumentParser) -> None:
+    replicas = serve.add_argument_group("replicas (Ray Serve, the ray extra: pip install 'verispec[ray]')")
+    replicas.add_argument(
+        "--replicas",
+        type=bounded_int(1),
+        default=None,
+        help="run N copies of the server (each its own engine) behind Ray Serve's proxy on --host/--port; "
+        "--max-running and --max-queue apply to each (default: one process, no Ray)",
+    )
+    replicas.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a local Ray instance",
+    )
+    replicas.add_argument(
+        "--ray-cpus-per-replica",
+        type=_cpus,
+        default=1.0,
+        help="CPUs Ray reserves for each replica; its torch threads: as many whole CPUs, at least one (default: 1)",
+    )
+
+
+def serve_settings(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from ``verispec serve``'s options (the model's name resolved:
+    fails fast on a model that cannot exist)."""
     from verispec import models
     from verispec.drafters.registry import drafter_names
-    from verispec.server.app import ServerSettings, create_app
-    from verispec.server.engine_spec import EngineSpec
-    from verispec.server.runner import GRACEFUL_SHUTDOWN_SECONDS, DrainingServer
+    from verispec.server.state import ServerSettings
 
-    _configure_logging()
-    name = models.resolve(args.model).name  # fails fast on a model that cannot exist
-    api_keys = api_keys_of(args)
-    if not _is_loopback(args.host) and not api_keys:
-        log.warning("binding %s without --api-key: anyone who can reach this address can use the model", args.host)
-    settings = ServerSettings(
-        model_names=[name],
+    return ServerSettings(
+        model_names=[models.resolve(args.model).name],
         drafter=args.drafter,
         k=args.k,
-        api_keys=api_keys,
+        api_keys=api_keys_of(args),
         max_queue=args.max_queue,
         max_running=args.max_running,
         max_rows=args.max_rows,
@@ -164,7 +195,32 @@ def run_serve(args: argparse.Namespace) -> int:
         drafters=[d for d in drafter_names(controls=False) if d != "model" or args.draft_model is not None],
     )
 
-    load = EngineSpec.from_args(args).load
+
+def run_serve(args: argparse.Namespace) -> int:
+    _configure_logging()
+    if args.replicas is None and (args.ray_address is not None or args.ray_cpus_per_replica != 1.0):
+        print("verispec: error: --ray-address and --ray-cpus-per-replica need --replicas", file=sys.stderr)
+        return 2
+    settings = serve_settings(args)
+    if not _is_loopback(args.host) and not settings.api_keys:
+        log.warning("binding %s without --api-key: anyone who can reach this address can use the model", args.host)
+    from verispec.server.engine_spec import EngineSpec
+
+    spec = EngineSpec.from_args(args)
+    if args.replicas is not None:
+        from verispec.server.ray_runner import run_replicas
+
+        return run_replicas(args, settings, spec)
+    return _run_one(args, settings, spec)
+
+
+def _run_one(args: argparse.Namespace, settings: ServerSettings, spec: EngineSpec) -> int:
+    """One server process under uvicorn, the model loading in the background."""
+    import uvicorn
+
+    from verispec.server.app import create_app
+    from verispec.server.runner import GRACEFUL_SHUTDOWN_SECONDS, DrainingServer
+
     failed: list[BaseException] = []
     server: DrainingServer | None = None
 
@@ -173,7 +229,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, load, on_load_failure)
+    app = create_app(settings, spec.load, on_load_failure)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -183,6 +239,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server_header=False,
     )
     server = DrainingServer(config, app.state.verispec)
+    name = settings.model_names[0]
     log.info("serving %s on http://%s:%d (loading the model in the background)", name, args.host, args.port)
     server.run()
     if failed:

@@ -121,6 +121,10 @@ class EngineWorker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def alive(self) -> bool:
+        """The worker thread runs (it ends only when stopped, or by a bug)."""
+        return self._thread.is_alive()
+
     def submit(self, job: GenerationJob) -> None:
         """Admit ``job`` or raise a 429 ``APIError`` when the queue is full."""
         with self._lock:
