@@ -104,6 +104,12 @@ def _why(error: RuntimeError) -> str:
     return lines[-1] if lines else str(error)
 
 
+PROXY_PATIENCE = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+}
+
+
 def _start_local_ray(temp_dir: str, cpus_needed: float) -> None:
     import ray
 
@@ -112,6 +118,11 @@ def _start_local_ray(temp_dir: str, cpus_needed: float) -> None:
         log.warning("the replicas reserve %g CPUs, this machine has %d: they will share cores", cpus_needed, cpus)
     # A local instance started for one command reports no usage statistics unless asked to.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray Serve gives its HTTP proxy 5 s to report ready and 10 s per health check, three
+    # strikes: on a small machine busy loading models (2 cores, the replicas starting) the
+    # proxy was seen to miss them and be killed, ending the command. Longer, unless set.
+    for name, seconds in PROXY_PATIENCE.items():
+        os.environ.setdefault(name, seconds)
     ray.init(
         num_cpus=max(cpus, math.ceil(cpus_needed)),
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
