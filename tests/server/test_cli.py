@@ -80,17 +80,17 @@ def test_ray_options_need_replicas(capsys):
 
 
 def test_serve_run_builder_takes_the_serve_options():
-    """``serve run verispec.server.replicas:app KEY=VALUE ...`` (built, not run: no Ray)."""
-    from verispec.server import replicas
+    """``serve run verispec.server.serve_run:app KEY=VALUE ...`` (built, not run: no Ray)."""
+    from verispec.server import replicas, serve_run
 
     options = {"replicas": "3", "max_running": "2", "max-queue": "5", "exact": "false", "ray-cpus-per-replica": "0.5"}
-    deployment = replicas.app(options)._bound_deployment
+    deployment = serve_run.app(options)._bound_deployment
     assert deployment.num_replicas == 3 and deployment.ray_actor_options["num_cpus"] == 0.5
     assert deployment.max_ongoing_requests == 2 + 5 + replicas.HEADROOM  # slots + queue + room for /health
     settings, spec, threads = deployment.init_args
     assert (settings.max_running, settings.max_queue, spec.slots, threads) == (2, 5, 2, 1)
     assert spec.load_options["exact"] is False
     with pytest.raises(ValueError, match="serve run --address"):
-        replicas.app({"ray-address": "auto"})
+        serve_run.app({"ray-address": "auto"})
     with pytest.raises(SystemExit):  # argparse's own message: an option serve does not have
-        replicas.app({"no-such-option": "1"})
+        serve_run.app({"no-such-option": "1"})

@@ -16,13 +16,12 @@ to it), and the counters. ``/metrics`` answers the sum over all replicas (see
 that got its answer finds it counted, whichever replica answers ``/metrics``. ``/health``
 is one replica's. Every response names its replica in the ``x-verispec-replica`` header.
 
-``app`` is the builder for ``serve run verispec.server.replicas:app replicas=2 model=...``;
+``verispec.server.serve_run:app`` is the builder for ``serve run`` (``replicas=2 model=...``);
 ``verispec serve --replicas N`` (``ray_runner``) builds the same application.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
 import logging
@@ -216,34 +215,3 @@ def build(settings: ServerSettings, spec: EngineSpec, replicas: int, cpus_per_re
         ],
     )(ServerReplica)
     return deployment.bind(settings, spec, max(1, math.floor(cpus_per_replica)))
-
-
-def app(args: dict[str, Any]) -> Application:
-    """The builder of ``serve run verispec.server.replicas:app KEY=VALUE ...``: each KEY is an
-    option of ``verispec serve`` without its dashes (``replicas=2 model=PATH max-running=4``),
-    an on/off option's VALUE true or false (``exact=false``). The proxy's address is Serve's
-    own (``serve start --http-host ... --http-port ...``, or a config file's http_options)."""
-    from verispec.server.cli import add_serve_parser, serve_settings
-
-    root = argparse.ArgumentParser(prog="serve run verispec.server.replicas:app")
-    parser = add_serve_parser(root.add_subparsers())
-    parsed = parser.parse_args(_serve_argv(parser, args))
-    if parsed.ray_address is not None:
-        raise ValueError("under serve run, Ray is serve run's: give serve run --address, not ray-address")
-    spec = EngineSpec.from_args(parsed)
-    return build(serve_settings(parsed), spec, parsed.replicas or 1, parsed.ray_cpus_per_replica)
-
-
-def _serve_argv(parser: argparse.ArgumentParser, args: dict[str, Any]) -> list[str]:
-    """``serve run``'s KEY=VALUE pairs as ``verispec serve`` arguments."""
-    # Options that take no value: --exact/--no-exact and the like.
-    flags = {name for action in parser._actions if action.nargs == 0 for name in action.option_strings}
-    argv = []
-    for key, value in args.items():
-        option = "--" + str(key).replace("_", "-")
-        text = str(value)
-        if option in flags and text.lower() in ("true", "false"):
-            argv.append(option if text.lower() == "true" else "--no-" + option[2:])
-        else:
-            argv += [option, text]
-    return argv
