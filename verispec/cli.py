@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.train.cli import add_train_parser
 
     add_train_parser(commands)
+    from verispec.train.data_cli import add_data_parser
+
+    add_data_parser(commands)
     return parser
 
 

@@ -1,0 +1,184 @@
+"""The growing data directory: batched answers equal lone ones, runs resume without losing or
+repeating a prompt, shards say what they hold, and a directory keeps to its target."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from verispec.train.data import encode_conversation
+from verispec.train.shards import (
+    DataDir,
+    Derived,
+    GenerationSettings,
+    ShardError,
+    follow_up,
+    grow,
+    summary,
+)
+
+WORDS = ("red", "blue", "green", "cold", "warm", "fast", "slow", "tall", "small", "bright", "dark", "soft")
+
+
+@dataclass(frozen=True)
+class WordSource:
+    """Twelve short prompts written here; prompt 5 is too long for the tiny model's context."""
+
+    name: str = "words"
+    licence: str = "written in this test"
+    size: int | None = len(WORDS)
+
+    def prompt(self, index: int) -> list[dict[str, str]]:
+        if not 0 <= index < len(WORDS):
+            raise IndexError(index)
+        text = f"Say something {WORDS[index]} about the sea."
+        if index == 5:
+            text = " ".join([text] * 400)
+        return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    from verispec.api import load_engine
+
+    return load_engine(str(tiny_dir), backend="native", slots=4)
+
+
+def by_id(data: DataDir, settings: GenerationSettings) -> dict[str, tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) per prompt id, of the shards made with ``settings``."""
+    sequences = {}
+    for info in data.shards():
+        if info.settings_key != settings.key():
+            continue
+        part = data.load(info)
+        for prompt_id, start, length, prompt in zip(
+            info.ids, part.starts, part.lengths, part.prompt_lengths, strict=True
+        ):
+            ids = part.tokens[int(start) : int(start) + int(length)].tolist()
+            assert prompt_id not in sequences, f"{prompt_id} answered twice"
+            sequences[prompt_id] = (ids[: int(prompt)], ids[int(prompt) :])
+    return sequences
+
+
+SAMPLED = GenerationSettings(temperature=1.0, max_new_tokens=12, seed=3)
+
+
+def test_batched_answers_equal_lone_ones_and_shards_record_them(engine, tmp_path):
+    data = DataDir(tmp_path / "d", engine.target.weights_fingerprint())
+    report = grow(data, engine, WordSource(), SAMPLED, tokens=10_000, shard_sequences=5)
+    assert report.exhausted and report.sequences == len(WORDS) - 1
+    infos = data.shards()
+    assert [len(i.ids) for i in infos] == [5, 5, 1]
+    skipped = {k: v for info in infos for k, v in info.skipped.items()}  # recorded, so never retried
+    assert list(skipped) == ["words:5"] and "context" in skipped["words:5"]
+    assert all(i.source == "words" and i.licence == "written in this test" for i in infos)
+    assert sum(i.response_tokens for i in infos) == report.held
+    sequences = by_id(data, SAMPLED)
+    assert set(sequences) == {f"words:{i}" for i in range(len(WORDS)) if i != 5}
+    for prompt_id in ("words:0", "words:7", "words:11"):
+        index = int(prompt_id.split(":")[1])
+        prompt, response = sequences[prompt_id]
+        assert prompt == encode_conversation(engine.tokenizer, WordSource().prompt(index))
+        alone = engine.generate(
+            prompt,
+            drafter="none",
+            k=0,
+            max_tokens=SAMPLED.max_new_tokens,
+            temperature=1.0,
+            seed=SAMPLED.request_seed(prompt_id),
+        )
+        assert response == alone.token_ids, prompt_id
+    # The prompts' messages are kept beside the tokens, line by line in the shard's order.
+    lines = (data.shard_dir / "000000.prompts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == infos[0].ids
+    assert json.loads(lines[0])["messages"] == WordSource().prompt(int(infos[0].ids[0].split(":")[1]))
+
+
+def test_interrupted_and_resumed_runs_hold_every_answer_once_and_the_same_answers(engine, tmp_path):
+    whole = DataDir(tmp_path / "whole", engine.target.weights_fingerprint())
+    grow(whole, engine, WordSource(), SAMPLED, tokens=10_000, shard_sequences=100)
+    expected = by_id(whole, SAMPLED)
+
+    parts = DataDir(tmp_path / "parts", engine.target.weights_fingerprint())
+    first = grow(parts, engine, WordSource(), SAMPLED, tokens=30, shard_sequences=100)
+    assert not first.exhausted and 0 < first.sequences < len(WORDS) - 1
+    assert first.held >= 30
+
+    answered = [0]
+
+    def interrupt(held: int, wanted: int, seconds: float) -> None:
+        answered[0] += 1
+        if answered[0] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        grow(parts, engine, WordSource(), SAMPLED, tokens=10_000, shard_sequences=100, progress=interrupt)
+    assert len(parts.shards()) == 2  # what finished before Ctrl+C is a shard
+    again = grow(parts, engine, WordSource(), SAMPLED, tokens=10_000, shard_sequences=100)
+    assert again.exhausted
+    assert by_id(parts, SAMPLED) == expected
+    # Once the directory holds what was asked, a rerun answers nothing.
+    assert grow(parts, engine, WordSource(), SAMPLED, tokens=10_000).sequences == 0
+
+
+def test_settings_grow_separately_and_the_summary_adds_up(engine, tmp_path):
+    data = DataDir(tmp_path / "d", engine.target.weights_fingerprint())
+    greedy = GenerationSettings(temperature=0.0, max_new_tokens=8)
+    grow(data, engine, WordSource(), greedy, tokens=10_000)
+    grow(data, engine, WordSource(), SAMPLED, tokens=10_000)
+    assert data.covered("words", greedy) == data.covered("words", SAMPLED)
+    rows = {row["temperature"]: row for row in summary(data)}
+    assert set(rows) == {0.0, 1.0}
+    assert rows[0.0]["sequences"] == rows[1.0]["sequences"] == len(WORDS) - 1
+    assert max(len(response) for _, response in by_id(data, greedy).values()) <= 8
+    assert max(len(response) for _, response in by_id(data, SAMPLED).values()) <= 12
+    corpus, key = data.corpus(["words"])
+    assert corpus.response_tokens == sum(row["tokens"] for row in rows.values())
+    assert key == data.corpus(["words"])[1]  # the same shards, the same key
+    grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=4), tokens=10)
+    assert data.corpus(["words"])[1] != key  # a new shard, a new key
+    with pytest.raises(ShardError, match="no shards of nothing"):
+        data.corpus(["nothing"])
+
+
+def test_a_derived_source_builds_on_the_answers_it_finds(engine, tmp_path):
+    data = DataDir(tmp_path / "d", engine.target.weights_fingerprint())
+    grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=40), tokens=10_000)
+    seen = []
+
+    def quote(parent_id, messages, answer):
+        seen.append(parent_id)
+        return [{"role": "user", "content": f"Repeat: {answer[:200]}"}]
+
+    derived = Derived("quotes", "built on the words' answers", ("words",), quote)
+    report = grow(data, engine, derived, GenerationSettings(max_new_tokens=8), tokens=10_000)
+    assert report.exhausted and report.sequences == len(WORDS) - 1
+    assert sorted(data.covered("quotes", GenerationSettings(max_new_tokens=8))) == sorted(
+        f"quotes<words:{i}" for i in range(len(WORDS)) if i != 5
+    )
+    assert sorted(seen) == sorted(f"words:{i}" for i in range(len(WORDS)) if i != 5)
+
+
+def test_follow_ups_are_chosen_by_the_parent_and_skip_short_answers():
+    messages = [{"role": "user", "content": "Tell me about tides."}]
+    answer = "Tides are the rise and fall of sea levels caused by the moon and the sun pulling on the oceans."
+    made = follow_up("templates:3", messages, answer)
+    assert made == follow_up("templates:3", messages, answer)
+    assert made is not None and made[-1]["role"] == "user"
+    assert answer in json.dumps(made)
+    kinds = {len(follow_up(f"templates:{i}", messages, answer) or []) for i in range(40)}
+    assert kinds == {1, 3}  # both a quoted passage and a follow-up in the conversation occur
+    assert follow_up("templates:3", messages, "Yes.") is None
+
+
+def test_a_directory_keeps_to_its_target_and_settings_are_checked(tmp_path):
+    DataDir(tmp_path / "d", "a" * 64)
+    with pytest.raises(ShardError, match="another target"):
+        DataDir(tmp_path / "d", "b" * 64)
+    assert DataDir(tmp_path / "d").fingerprint == "a" * 64
+    with pytest.raises(ShardError, match="temperature"):
+        GenerationSettings(temperature=-1.0)
+    with pytest.raises(ShardError, match="no shards"):
+        DataDir(tmp_path / "d").corpus()
