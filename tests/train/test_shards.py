@@ -182,3 +182,24 @@ def test_a_directory_keeps_to_its_target_and_settings_are_checked(tmp_path):
         GenerationSettings(temperature=-1.0)
     with pytest.raises(ShardError, match="no shards"):
         DataDir(tmp_path / "d").corpus()
+
+
+def test_a_drafter_trains_on_the_grown_shards(engine, tiny_dir, tmp_path):
+    from verispec.train.loop import TrainError
+    from verispec.train.pipeline import NetSettings, TrainSettings, train_drafter
+
+    data = DataDir(tmp_path / "d", engine.target.weights_fingerprint())
+    grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=24), tokens=10_000)
+    net = NetSettings(draft_vocab=64, intermediate=64, heads=2, kv_heads=1, head_dim=16)
+    train = TrainSettings(steps=4, items=4, span=8, checkpoint_every=2)
+    summary_ = train_drafter("head", tmp_path / "head", str(tiny_dir), None, net, train, shards=data.root)
+    corpus, key = data.corpus()
+    assert summary_["data"]["sequences"] == len(WORDS) - 1
+    assert summary_["data"]["response_tokens"] == corpus.response_tokens
+    assert summary_["data"]["key"] == key and summary_["data"]["sources"][0]["source"] == "words"
+    assert (tmp_path / "head" / "model.safetensors").is_file()
+    assert list((data.root / "hidden").glob(f"hidden-{key}-*.safetensors"))  # cached beside the shards
+    with pytest.raises(TrainError, match="no shards of nothing"):
+        train_drafter(
+            "head", tmp_path / "other", str(tiny_dir), None, net, train, shards=data.root, sources=("nothing",)
+        )

@@ -38,6 +38,12 @@ def add_train_parser(commands: Any) -> None:
     )
     data.add_argument("--data-dir", default=None, help="cache of responses and hidden states")
     data.add_argument("--data-only", action="store_true", help="build and cache the training set, then stop")
+    data.add_argument(
+        "--shards",
+        default=None,
+        help="train on a data directory grown by `verispec train-data grow` instead of generating here",
+    )
+    data.add_argument("--sources", default=None, help="with --shards: comma-separated sources to use (default all)")
     net = train.add_argument_group("network")
     net.add_argument("--layers", type=int, default=None, help="drafter layers (default: head 1, block 2)")
     net.add_argument("--block-size", type=int, default=8, help="block: anchor + masks (drafts = size - 1)")
@@ -162,6 +168,8 @@ def run_train(args: argparse.Namespace) -> int:
             stage,
             on_step,
             args.data_only,
+            Path(args.shards) if args.shards else None,
+            tuple(s.strip() for s in args.sources.split(",")) if args.sources else None,
         )
     data = summary["data"]
     if args.data_only:

@@ -239,6 +239,7 @@ def load_corpus(path: Path, key: str) -> Corpus | None:
 def save_hidden(hidden: torch.Tensor, path: Path, key: str) -> None:
     from safetensors.torch import save_file
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".partial")
     save_file({"hidden": hidden.contiguous()}, str(staging), metadata={"key": key})
     staging.replace(path)

@@ -85,9 +85,13 @@ def train_drafter(
     stage: Stage = _quiet_stage,
     on_step: loop.StepCallback | None = None,
     data_only: bool = False,
+    shards: Path | None = None,
+    sources: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Train a ``kind`` drafter for the target ``target_spec`` into ``out``; returns a summary.
-    ``data_only``: stop once the training set and its hidden states are cached."""
+    ``data_only``: stop once the training set and its hidden states are cached. ``shards``: a
+    data directory grown by ``verispec train-data`` (its ``sources``, None: all) is the training
+    set instead of responses generated here (``data_settings`` then only sets nothing)."""
     from verispec import models
     from verispec.cache import cache_root
     from verispec.targets.torch_target import TorchTarget, parse_dtype
@@ -109,9 +113,14 @@ def train_drafter(
     fingerprint = identity["weights_sha256"]
     data_dir = data_dir or cache_root() / "train-data" / fingerprint[:16]
 
-    corpus, data_seconds = _corpus(model, tokenizer, target, data_settings, data_dir, fingerprint, stage)
+    if shards is None:
+        corpus, data_seconds = _corpus(model, tokenizer, target, data_settings, data_dir, fingerprint, stage)
+        key = data_settings.key(fingerprint)
+        grown: dict[str, Any] | None = None
+    else:
+        corpus, key, grown = _shard_corpus(shards, sources, fingerprint)
+        data_dir, data_seconds = Path(shards) / "hidden", 0.0
     layers = _feature_layers(kind, net_settings, target.num_layers)
-    key = data_settings.key(fingerprint)
     corpus.hidden = data.load_hidden_layers(data_dir, key, layers, target.hidden_size)
     if corpus.hidden is None:
         start = time.perf_counter()
@@ -121,7 +130,7 @@ def train_drafter(
         data_seconds += time.perf_counter() - start
 
     vocab_ids, coverage = draft_vocabulary(corpus, net_settings.draft_vocab, target.vocab_size)
-    data_summary = {**asdict(data_settings), "sequences": len(corpus.lengths)}
+    data_summary = {**(asdict(data_settings) if grown is None else grown), "sequences": len(corpus.lengths)}
     data_summary["response_tokens"] = corpus.response_tokens
     if data_only:
         return {"data": data_summary, "data_seconds": round(data_seconds, 1), "draft_vocab_coverage": coverage}
@@ -145,7 +154,7 @@ def train_drafter(
         bf16=train_settings.bf16,
         patience=train_settings.patience,
     )
-    run_key = _run_key(kind, fingerprint, data_settings, net_settings, train_settings)
+    run_key = _run_key(kind, fingerprint, data_settings if grown is None else key, net_settings, train_settings)
     net.train()
     history = loop.run(net, objective, schedule, out, run_key, on_step, validation, VALIDATION_BATCHES)
     net.eval()
@@ -160,8 +169,7 @@ def train_drafter(
         "steps_run": history.step,
         "data_seconds": round(data_seconds, 1),
         "parameters": sum(p.numel() for p in net.parameters()),
-        "prompts": "verispec.train.prompts (templates x topic words written in the code"
-        + (", then second turns on the target's own answers)" if data_settings.second_turns else ")"),
+        "prompts": _prompts_note(data_settings, grown),
     }
     if held_out is not None:
         training["held_out_sequences"] = int(held_out.sum())
@@ -176,6 +184,29 @@ def train_drafter(
     training["total_seconds"] = round(time.perf_counter() - started, 1)
     training["resumed_from_step"] = history.resumed_from
     return training
+
+
+def _shard_corpus(
+    root: Path, sources: tuple[str, ...] | None, fingerprint: str
+) -> tuple[data.Corpus, str, dict[str, Any]]:
+    """The corpus of a grown data directory's shards, its key, and what it holds per source."""
+    from verispec.train.shards import DataDir, ShardError, summary
+
+    try:
+        grown = DataDir(Path(root), fingerprint)
+        corpus, key = grown.corpus(sources)
+    except ShardError as error:
+        raise loop.TrainError(str(error)) from error
+    rows = [row for row in summary(grown) if sources is None or row["source"] in sources]
+    return corpus, key, {"shards": str(root), "key": key, "sources": rows}
+
+
+def _prompts_note(settings: data.DataSettings, grown: dict[str, Any] | None) -> str:
+    if grown is not None:
+        return "verispec.train.sources via verispec train-data (per source: data.sources)"
+    return "verispec.train.prompts (templates x topic words written in the code" + (
+        ", then second turns on the target's own answers)" if settings.second_turns else ")"
+    )
 
 
 def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSettings) -> None:
@@ -330,7 +361,7 @@ def build_net(
 
 
 def _run_key(kind: str, fingerprint: str, *settings: Any) -> str:
-    fields = [asdict(s) for s in settings]
+    fields = [asdict(s) if not isinstance(s, str) else {"shards": s} for s in settings]
     for values in fields:
         for name, default in _LATER_SETTINGS.items():
             if name in values and values[name] == default:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from verispec.errors import UserError
 from verispec.train.data import Corpus, encode_conversation
 from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS
 
@@ -44,7 +45,7 @@ DEFAULT_SHARD_SEQUENCES = 256
 DEFAULT_RUNNING = 64  # requests generated together: ~300 tok/s on 2 cores for the embedded model
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """A data directory that cannot be used as asked (another target's, a bad setting)."""
 
 
