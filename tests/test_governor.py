@@ -360,6 +360,9 @@ class _StalledCalibrationDrafter(ScriptDrafter):
     name = "stalled-calibration"  # calibrated costs are kept per drafter name: this test's own
 
 
+STALL = 0.5  # seconds: far beyond a busy machine's noise on the tiny model
+
+
 def test_a_stall_during_calibration_does_not_price_drafting_out(tiny_engine, monkeypatch):
     # Two of the three timed passes of every size above one row stall (another process took
     # the core): the cost of rows must come from the undisturbed passes, or a reproducible
@@ -371,7 +374,7 @@ def test_a_stall_during_calibration_does_not_price_drafting_out(tiny_engine, mon
     def stalling(token_ids):
         seen.append(len(token_ids))
         if len(token_ids) > 1 and seen.count(len(token_ids)) <= 2:
-            time.sleep(0.05)
+            time.sleep(STALL)
         return verify(token_ids)
 
     monkeypatch.setattr(tiny_engine.target, "verify", stalling)
@@ -379,8 +382,12 @@ def test_a_stall_during_calibration_does_not_price_drafting_out(tiny_engine, mon
     result = tiny_engine.generate(prompt, drafter=drafter, k="auto", temperature=0.7, seed=1, max_tokens=30)
     costs = tiny_engine.planner.calibrated["stalled-calibration"]
     assert seen.count(2) >= 3  # the stalls did happen, in the calibration
-    assert costs.verify(2) < 0.05  # ... and were not taken as the cost of 2 rows
-    assert result.stats.offered > 0
+    # ... and were not taken as the cost of 2 rows: a mean or median of the three passes would
+    # be at least STALL * 2 / 3; the undisturbed pass of the tiny model takes milliseconds (tens
+    # on a busy machine). Whether the request then drafts depends on this machine's real
+    # timings, so it is not asserted: a busy CI machine once priced 2 rows out with no stall.
+    assert costs.verify(2) < STALL / 3
+    assert result.stats.rounds > 0
 
 
 def batch_speed(k, a, model, load):
