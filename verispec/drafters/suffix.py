@@ -184,16 +184,17 @@ class SuffixCache:
 
     def occurrences(self, tail: Sequence[int]) -> Positions:
         """Positions right after the most recent occurrences of ``tail`` (1..KEY tokens), oldest first."""
+        return self.find(tail)[1]
+
+    def find(self, tail: Sequence[int]) -> tuple[NDArray[np.int64], Positions]:
+        """The token array as it is now and ``occurrences(tail)`` in it, read under one lock: an
+        eviction between two reads would shift the positions off the array they index. (Arrays
+        are replaced, never changed in place, so the pair stays valid after the lock.)"""
         key = _key(tail)
         with self._lock:
             lo = int(np.searchsorted(self._sorted_keys, key, side="left"))
             hi = int(np.searchsorted(self._sorted_keys, key, side="right"))
-            return self._next[max(lo, hi - MAX_CANDIDATES) : hi].copy()
-
-    def snapshot(self) -> NDArray[np.int64]:
-        """The token array as it is now (arrays are replaced, never changed in place)."""
-        with self._lock:
-            return self.tokens
+            return self.tokens, self._next[max(lo, hi - MAX_CANDIDATES) : hi].copy()
 
 
 class _Local:
@@ -454,14 +455,12 @@ class SuffixDrafter:
     def search(self, k: int) -> Walk:
         """The walk from the deepest node the context reaches in either store."""
         context = self.local.tokens
-        global_tokens = self.cache.snapshot()
         candidates: list[tuple[NDArray[np.int64], Positions, Positions]] = []
         for n in range(min(KEY, context.shape[0]), 0, -1):
             tail = tuple(self.local.ids[-n:])
-            found = [
-                (global_tokens, self.cache.occurrences(tail) if len(self.cache) else np.zeros(0, dtype=np.int64)),
-                (context, self.local.occurrences(tail)),
-            ]
+            found = [(context, self.local.occurrences(tail))]
+            if len(self.cache):
+                found.insert(0, self.cache.find(tail))
             # Only occurrences something follows: a document's end would make a deep node
             # with nothing to propose hide shallower ones that have a continuation.
             found = [(store, positions[store[positions] != SEPARATOR]) for store, positions in found]
