@@ -34,7 +34,7 @@ from verispec.accept import ChainResult, accept_chain
 from verispec.accept_tree import TreeResult, accept_tree, tree_depths
 from verispec.detokenize import TextStream
 from verispec.drafters.base import Drafter, DrafterContext
-from verispec.drafters.registry import create_drafter
+from verispec.drafters.registry import LEARNING_DRAFTERS, create_drafter
 from verispec.errors import UserError
 from verispec.governor import ALONE, Load
 from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
@@ -236,13 +236,16 @@ class Engine:
         k_max: int = DEFAULT_K_MAX,
         chat: bool | None = None,
         params: SamplingParams | None = None,
+        scope: str | None = None,
         **sampling: Any,
     ) -> Request:
         """A checked request, ready to run (``stream`` runs it; so does a ``Scheduler``).
 
         ``k``: drafts per round, fixed, or "auto" for the economics governor, which picks
         0..``k_max`` before every round from the measured costs and acceptance; ``params``
-        or the keywords of ``SamplingParams``: the sampling settings.
+        or the keywords of ``SamplingParams``: the sampling settings. ``scope``: who asks (a
+        server's API key); a drafter that learns from earlier requests (``LEARNING_DRAFTERS``)
+        then learns from and drafts with that scope's requests only.
         """
         if k != AUTO and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise InvalidParameterError("k", f"must be an integer >= 0 or 'auto', got {k!r}")
@@ -254,7 +257,11 @@ class Engine:
             check_can_run(self.target, len(prompt_ids))
         except TargetError as error:
             raise PromptError(str(error), len(prompt_ids), self.target.context_length) from error
-        the_drafter = self.drafter(drafter) if isinstance(drafter, str) else drafter
+        if isinstance(drafter, str):
+            scoped = scope is not None and drafter in LEARNING_DRAFTERS
+            the_drafter = self.drafter(drafter, scope=scope) if scoped else self.drafter(drafter)
+        else:
+            the_drafter = drafter
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         return Request(prompt_ids, params, the_drafter, k, k_max, seed, TextStream(self.tokenizer, params.stop))
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.drafters.base import DrafterError
-from verispec.drafters.registry import LEARNING_DRAFTERS
 from verispec.engine import Engine, Generation, PromptError, Request
 from verispec.errors import UserError
 from verispec.models import ModelLoadError
@@ -332,14 +331,8 @@ class EngineWorker:
         k = job.k if job.k is not None else self.default_k
         if drafter is not None:
             options["drafter"] = drafter
-        name = drafter if drafter is not None else "lookup"
-        if job.scope is not None and name in LEARNING_DRAFTERS:
-            try:
-                options["drafter"] = engine.drafter(name, scope=job.scope)  # this key's own
-            except DrafterError as error:
-                raise APIError(
-                    400, truncate(str(error), 300), param="speculative.drafter", code="invalid_value"
-                ) from error
+        if job.scope is not None:
+            options["scope"] = job.scope  # a learning drafter keeps this API key's documents apart
         if k is not None:
             options["k"] = k
         try:
