@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from verispec.train.data import encode_conversation
 from verispec.train.shards import (
@@ -134,13 +135,13 @@ def test_settings_grow_separately_and_the_summary_adds_up(engine, tmp_path):
     assert rows[0.0]["sequences"] == rows[1.0]["sequences"] == len(WORDS) - 1
     assert max(len(response) for _, response in by_id(data, greedy).values()) <= 8
     assert max(len(response) for _, response in by_id(data, SAMPLED).values()) <= 12
-    corpus, key = data.corpus(["words"])
+    corpus, key = data.corpus(data.select(["words"]))
     assert corpus.response_tokens == sum(row["tokens"] for row in rows.values())
-    assert key == data.corpus(["words"])[1]  # the same shards, the same key
+    assert key == data.corpus(data.select(["words"]))[1]  # the same shards, the same key
     grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=4), tokens=10)
-    assert data.corpus(["words"])[1] != key  # a new shard, a new key
+    assert data.corpus()[1] != key  # a new shard, a new key
     with pytest.raises(ShardError, match="no shards of nothing"):
-        data.corpus(["nothing"])
+        data.select(["nothing"])
 
 
 def test_a_derived_source_builds_on_the_answers_it_finds(engine, tmp_path):
@@ -181,7 +182,7 @@ def test_a_directory_keeps_to_its_target_and_settings_are_checked(tmp_path):
     with pytest.raises(ShardError, match="temperature"):
         GenerationSettings(temperature=-1.0)
     with pytest.raises(ShardError, match="no shards"):
-        DataDir(tmp_path / "d").corpus()
+        DataDir(tmp_path / "d").select()
 
 
 def test_a_drafter_trains_on_the_grown_shards(engine, tiny_dir, tmp_path):
@@ -198,8 +199,30 @@ def test_a_drafter_trains_on_the_grown_shards(engine, tiny_dir, tmp_path):
     assert summary_["data"]["response_tokens"] == corpus.response_tokens
     assert summary_["data"]["key"] == key and summary_["data"]["sources"][0]["source"] == "words"
     assert (tmp_path / "head" / "model.safetensors").is_file()
-    assert list((data.root / "hidden").glob(f"hidden-{key}-*.safetensors"))  # cached beside the shards
+    # The states are cached per shard beside the shards, and assembled for the corpus.
+    assert len(list((data.root / "hidden").glob("0*-*.npy"))) == len(data.shards())
+    assert len(list((data.root / "hidden").glob("corpus-*.npy"))) == 1
     with pytest.raises(TrainError, match="no shards of nothing"):
         train_drafter(
             "head", tmp_path / "other", str(tiny_dir), None, net, train, shards=data.root, sources=("nothing",)
         )
+
+
+def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(engine, tiny_dir, tmp_path):
+    from verispec import models
+    from verispec.train.data import hidden_states
+    from verispec.train.shards import corpus_hidden_states
+
+    model = models.load(str(tiny_dir), dtype=None, device="cpu").model
+    data = DataDir(tmp_path / "d", engine.target.weights_fingerprint())
+    grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=10), tokens=10_000, shard_sequences=4)
+    chosen = data.select()
+    corpus, _ = data.corpus(chosen)
+    both = corpus_hidden_states(data, chosen, model, (1, 2))
+    assert both.dtype == torch.bfloat16 and both.shape[0] == len(corpus.tokens)
+    assert torch.equal(both, hidden_states(model, corpus, (1, 2)))  # shard by shard = the whole corpus at once
+    files = sorted((data.root / "hidden").glob("0*.npy"))
+    assert len(files) == len(chosen) == 3
+    last = corpus_hidden_states(data, chosen, model, (2,))  # served by the files of layers 1 and 2
+    assert sorted((data.root / "hidden").glob("0*.npy")) == files
+    assert torch.equal(last, both[:, both.shape[1] // 2 :])

@@ -119,9 +119,15 @@ def train_drafter(
         grown: dict[str, Any] | None = None
     else:
         corpus, key, grown = _shard_corpus(shards, sources, fingerprint)
-        data_dir, data_seconds = Path(shards) / "hidden", 0.0
+        data_seconds = 0.0
     layers = _feature_layers(kind, net_settings, target.num_layers)
-    corpus.hidden = data.load_hidden_layers(data_dir, key, layers, target.hidden_size)
+    if grown is not None:
+        start = time.perf_counter()
+        update = stage("target hidden states (shards)", len(grown["chosen"]))
+        corpus.hidden = _shard_states(shards, grown, model, layers, lambda d, t: update(d, ""))
+        data_seconds += time.perf_counter() - start
+    else:
+        corpus.hidden = data.load_hidden_layers(data_dir, key, layers, target.hidden_size)
     if corpus.hidden is None:
         start = time.perf_counter()
         update = stage("target hidden states", len(corpus.lengths))
@@ -130,7 +136,8 @@ def train_drafter(
         data_seconds += time.perf_counter() - start
 
     vocab_ids, coverage = draft_vocabulary(corpus, net_settings.draft_vocab, target.vocab_size)
-    data_summary = {**(asdict(data_settings) if grown is None else grown), "sequences": len(corpus.lengths)}
+    described = asdict(data_settings) if grown is None else {k: v for k, v in grown.items() if k != "chosen"}
+    data_summary = {**described, "sequences": len(corpus.lengths)}
     data_summary["response_tokens"] = corpus.response_tokens
     if data_only:
         return {"data": data_summary, "data_seconds": round(data_seconds, 1), "draft_vocab_coverage": coverage}
@@ -194,11 +201,21 @@ def _shard_corpus(
 
     try:
         grown = DataDir(Path(root), fingerprint)
-        corpus, key = grown.corpus(sources)
+        chosen = grown.select(sources)
     except ShardError as error:
         raise loop.TrainError(str(error)) from error
+    corpus, key = grown.corpus(chosen)
     rows = [row for row in summary(grown) if sources is None or row["source"] in sources]
-    return corpus, key, {"shards": str(root), "key": key, "sources": rows}
+    return corpus, key, {"shards": str(root), "key": key, "sources": rows, "chosen": chosen}
+
+
+def _shard_states(
+    root: Path | None, grown: dict[str, Any], model: Any, layers: tuple[int, ...], progress: data.Progress
+) -> torch.Tensor:
+    from verispec.train.shards import DataDir, corpus_hidden_states
+
+    assert root is not None
+    return corpus_hidden_states(DataDir(Path(root)), grown["chosen"], model, layers, progress)
 
 
 def _prompts_note(settings: data.DataSettings, grown: dict[str, Any] | None) -> str:

@@ -33,8 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+import torch
+
 from verispec.errors import UserError
-from verispec.train.data import Corpus, encode_conversation
+from verispec.train.data import Corpus, encode_conversation, hidden_states
 from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS
 
 Messages = list[dict[str, str]]
@@ -190,15 +193,20 @@ class DataDir:
         path = self.shard_dir / f"{info.number:06d}.prompts.jsonl"
         return [json.loads(line)["messages"] for line in path.read_text().splitlines()]
 
-    def corpus(self, sources: Iterable[str] | None = None) -> tuple[Corpus, str]:
-        """All sequences of the shards of ``sources`` (None: every source) as one corpus, and a
-        key naming exactly those shards (for caches of what is computed from them)."""
+    def select(self, sources: Iterable[str] | None = None) -> list[ShardInfo]:
+        """The shards of ``sources`` (None: every source), in the order written."""
         wanted = None if sources is None else set(sources)
         chosen = [info for info in self.shards() if wanted is None or info.source in wanted]
         if wanted is not None and (missing := wanted - {info.source for info in chosen}):
             raise ShardError(f"{self.root} has no shards of {', '.join(sorted(missing))}")
         if not chosen:
             raise ShardError(f"{self.root} has no shards: grow it first (verispec train-data grow)")
+        return chosen
+
+    def corpus(self, chosen: list[ShardInfo] | None = None) -> tuple[Corpus, str]:
+        """The sequences of ``chosen`` shards (None: all) as one corpus, and a key naming exactly
+        those shards (for caches of what is computed from them)."""
+        chosen = self.select() if chosen is None else chosen
         sequences: list[tuple[list[int], list[int]]] = []
         for info in chosen:
             part = self.load(info)
@@ -226,6 +234,68 @@ def _write_text(path: Path, text: str) -> None:
     staged = path.with_name(path.name + ".partial")
     staged.write_text(text)
     staged.replace(path)
+
+
+def corpus_hidden_states(
+    data: DataDir,
+    infos: list[ShardInfo],
+    model: Any,
+    layers: tuple[int, ...],
+    progress: Callable[[int, int], None] | None = None,
+) -> torch.Tensor:
+    """(P, len(layers) * D) bf16, memory-mapped: the target's hidden states at ``layers`` over
+    the corpus of ``infos`` (in that order, as ``DataDir.corpus`` concatenates them).
+
+    Each shard's states are computed once (``hidden/NNNNNN-LAYERS.npy``; a file of more layers
+    serves fewer), so a grown directory only computes its new shards; the corpus's states are
+    then one file assembled from them, mapped rather than read (a few million positions of
+    several layers do not fit in memory)."""
+    folder = data.root / "hidden"
+    folder.mkdir(parents=True, exist_ok=True)
+    parts: list[tuple[Path, list[int]]] = []  # (file, columns of ``layers`` in it)
+    for done, info in enumerate(infos):
+        found = _shard_states(folder, info.number, layers)
+        if found is None:
+            states = hidden_states(model, data.load(info), layers)
+            path = folder / f"{info.number:06d}-{'-'.join(map(str, layers))}.npy"
+            staged = path.with_name(path.name + ".partial")
+            with staged.open("wb") as handle:
+                np.save(handle, states.view(torch.int16).numpy())
+            staged.replace(path)
+            found = (path, layers)
+        path, stored = found
+        width = int(model.config.hidden_size)
+        parts.append((path, [stored.index(layer) * width + c for layer in layers for c in range(width)]))
+        if progress is not None:
+            progress(done + 1, len(infos))
+    names = json.dumps([(p.name, len(c)) for p, c in parts])
+    out = folder / f"corpus-{hashlib.sha256(names.encode()).hexdigest()[:16]}.npy"
+    if not out.is_file():
+        for old in folder.glob("corpus-*.npy"):
+            old.unlink()  # one assembled corpus at a time: they are copies of the shards' files
+        arrays = [np.load(p, mmap_mode="r") for p, _ in parts]
+        staged = out.with_name(out.name + ".partial")
+        rows = sum(a.shape[0] for a in arrays)
+        assembled = np.lib.format.open_memmap(staged, mode="w+", dtype=np.int16, shape=(rows, len(parts[0][1])))
+        at = 0
+        for array, (_, columns) in zip(arrays, parts, strict=True):
+            for first in range(0, array.shape[0], 65536):  # in slices: never a whole shard in memory
+                block = array[first : first + 65536]
+                assembled[at + first : at + first + block.shape[0]] = block[:, columns]
+            at += array.shape[0]
+        assembled.flush()
+        del assembled
+        staged.replace(out)
+    # Copy-on-write mapping: writable for torch, nothing written back to the file.
+    return torch.from_numpy(np.load(out, mmap_mode="c")).view(torch.bfloat16)
+
+
+def _shard_states(folder: Path, number: int, layers: tuple[int, ...]) -> tuple[Path, tuple[int, ...]] | None:
+    for path in sorted(folder.glob(f"{number:06d}-*.npy")):
+        stored = tuple(int(i) for i in path.stem.split("-")[1:])
+        if set(layers) <= set(stored):
+            return path, stored
+    return None
 
 
 # --- derived sources -------------------------------------------------------------------------
