@@ -13,8 +13,9 @@ record (source name, index) for each sequence and be extended across runs. Sourc
   translate the first paragraph);
 - ``code``: functions and classes of the standard library with a task (explain, add type
   hints, write tests, review, simplify, comment, translate to JavaScript);
-- ``math``: arithmetic and word problems from templates, numbers drawn from a generator
-  seeded by the index;
+- ``math``: arithmetic and word problems (percentages, rates, sums, unit conversions,
+  equations, multi-step problems) from templates, the numbers chosen by the index so that no
+  two indices give the same problem;
 - ``questions``: requests for the target itself to write one question a user might ask about
   a seed topic; ``self_instruct`` turns its answers into prompts (self-instruct).
 
@@ -31,6 +32,7 @@ import functools
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from verispec.train.prompts import CODE, CODE_WORDS, TEMPLATES, TOPICS
@@ -97,7 +99,7 @@ class Source:
 class ListSource(Source):
     """A finite list of single-turn prompts, built once, in a fixed shuffled order."""
 
-    build: str = ""  # name of the module-level function that lists the prompts
+    build: Callable[[], list[str]] = list  # lists the prompts (in any order; repeats dropped)
 
     def _prompts(self) -> tuple[str, ...]:
         return _listed(self.build)
@@ -110,9 +112,9 @@ class ListSource(Source):
 
 
 @functools.cache
-def _listed(build: str) -> tuple[str, ...]:
-    prompts = list(dict.fromkeys(globals()[build]()))  # distinct, first occurrence kept
-    order = permutation(len(prompts), build)
+def _listed(build: Callable[[], list[str]]) -> tuple[str, ...]:
+    prompts = list(dict.fromkeys(build()))  # distinct, first occurrence kept
+    order = permutation(len(prompts), build.__name__)
     return tuple(prompts[i] for i in order)
 
 
@@ -534,11 +536,11 @@ def self_instruct(question_texts: list[str]) -> list[Messages]:
 SOURCES: dict[str, Source] = {
     source.name: source
     for source in (
-        ListSource("templates", f"templates x topics, {OWN_LICENCE}", build="template_prompts"),
-        ListSource("roleplay", f"characters x opening lines, {OWN_LICENCE}", build="roleplay_prompts"),
+        ListSource("templates", f"templates x topics, {OWN_LICENCE}", build=template_prompts),
+        ListSource("roleplay", f"characters x opening lines, {OWN_LICENCE}", build=roleplay_prompts),
         StdlibSource("passages", PSF_LICENCE),
         StdlibSource("code", PSF_LICENCE, code=True),
-        MathSource("math", f"problem templates with seeded numbers, {OWN_LICENCE}"),
+        MathSource("math", f"problem templates with numbers chosen by the index, {OWN_LICENCE}"),
         QuestionSource("questions", f"seed topics, {OWN_LICENCE}; answers: {TARGET_LICENCE}"),
     )
 }
