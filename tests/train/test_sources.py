@@ -163,6 +163,16 @@ def test_self_instruct_keeps_one_clean_question_per_reply():
         "Can you explain " + "very " * 80 + "slowly?",  # too long
         "",  # empty
         "Here is one:\n- Q: Could you compare tea and coffee for an afternoon energy boost?\nMore text.",
+        # Replies of the embedded target to ``questions`` prompts (greedy), good and bad:
+        "I'm sorry for any confusion, but as a chatbot designed to assist with tennis, I can't.",  # refusal
+        'A traveller might ask: "What do you do when you\'re stuck in a bad situation?"',  # lead-in
+        "What's a factual question about saving money?",  # about the task, not a question
+        "What a great question! What would you like to know about personal loans?",  # the assistant's voice
+        'What a delightful question! A student might ask: "What do you think of the Tyrannosaurus Rex?"',
+        "I'm just going to send you a message. I'm going to send you a message.",  # not a request
+        "Why, I'm not sure I'm ready to discuss the latest fashion trends.",  # no question mark
+        "I need a plan for my garden. I need a plan for my garden.",  # a loop
+        "I'm looking for a weekly plan to improve my productivity at work.",  # a first-person request
     ]
     assert self_instruct(replies) == [
         [{"role": "user", "content": "How do I keep basil alive on a windowsill?"}],
@@ -170,6 +180,9 @@ def test_self_instruct_keeps_one_clean_question_per_reply():
         [{"role": "user", "content": "What is the best way to learn touch typing?"}],
         [{"role": "user", "content": "Write a short poem about a rainy Monday morning."}],
         [{"role": "user", "content": "Could you compare tea and coffee for an afternoon energy boost?"}],
+        [{"role": "user", "content": "What do you do when you're stuck in a bad situation?"}],
+        [{"role": "user", "content": "What do you think of the Tyrannosaurus Rex?"}],
+        [{"role": "user", "content": "I'm looking for a weekly plan to improve my productivity at work."}],
     ]
     assert self_instruct([]) == []
 

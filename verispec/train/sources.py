@@ -458,14 +458,13 @@ ASKERS = (
     "a student", "a parent", "a retired teacher", "a nurse", "a small business owner", "a teenager",
     "a software developer", "a traveller", "a farmer", "a new employee", "a curious child", "a writer",
 )  # fmt: skip
+# Frames that do not mention an assistant or a chatbot: with those words the embedded target
+# answers as the assistant ("as a chatbot, I...") about half the time instead of writing a
+# user's question (measured on 10 greedy replies each: 6/10 usable, against 9/10 without).
 QUESTION_FRAMES = (
-    "Write one question that {asker} might ask a chat assistant about {topic}. It should be {kind}. "
-    "Reply with the question only.",
-    "Imagine {asker} is talking to an AI assistant about {topic}. Write the single message they would "
-    "send: {kind}. Output only that message.",
-    "Give me one realistic request a user could type into a chatbot about {topic}: {kind}, as {asker} "
-    "would write it. Just the request, nothing else.",
-    "Topic: {topic}. Type: {kind}. Write one message {asker} might send to an assistant. Only the message.",
+    "Write a question about {topic} that {asker} might ask. It should be {kind}. Write only the question.",
+    "Write one question {asker} could have about {topic}: {kind}. Give just the question.",
+    "Topic: {topic}. Write a question that {asker} might ask about it, {kind}. Reply with the question alone.",
 )
 
 
@@ -493,25 +492,51 @@ QUESTION_PREFIX = re.compile(
 QUOTES = "\"'“”‘’`*_ "
 # A reply's first line that introduces the question rather than being it.
 PREAMBLE = re.compile(r"^(?:sure|certainly|of course|here(?:'s| is| are)|okay|ok)\b", re.IGNORECASE)
+# "A parent might ask: "...?"": the quoted part is the question.
+QUOTED = re.compile(r"[\"“]([^\"”]{15,})[\"”]?\s*$")
+# A line is a request when it starts with an imperative or a first-person need...
 REQUEST_START = re.compile(
-    r"^(?:write|explain|give|help|plan|suggest|create|describe|tell|list|compare|recommend|make|design|"
-    r"compose|draft|teach|show|find|can|could|would|should|what|how|why|which|who|when|where|is|are|do|does|"
-    r"i\b|i'm|i've|my)\b",
+    r"^(?:please\b|write|explain|give|help|plan|suggest|create|describe|tell|list|compare|recommend|make|"
+    r"design|compose|draft|teach|show|find|i need|i want|i'd like|i would like|i'm looking for|"
+    r"i am looking for|i'm trying to|i am trying to)\b",
     re.IGNORECASE,
 )
+# ... or is a question (then it must end with a question mark).
+QUESTION_START = re.compile(
+    r"^(?:what|how|why|which|who|when|where|can|could|would|should|is|are|do|does|will|may)\b", re.IGNORECASE
+)
+# The target speaking as the assistant, or about the task, rather than writing a user's message.
+NOT_A_USER = re.compile(
+    r"\b(?:sorry|as an? (?:ai|chatbot|assistant|language model)|i'm not (?:able|sure)|questions?|"
+    r"would you like to know|glad you asked|i'd be delighted)\b",
+    re.IGNORECASE,
+)
+# Leading exclamations ("What a great question!") before the question itself.
+EXCLAMATIONS = re.compile(r"^(?:[^.!?\"“]*!\s+)+")
 
 
 def clean_question(text: str) -> str | None:
-    """The first question-like line of a reply, without list marks, "Question:" prefixes and
-    quotes; None when no line is a question or a request of a sensible length."""
+    """The first question-like line of a reply, without list marks, "Question:" prefixes,
+    leading exclamations, "X might ask:" lead-ins and quotes; None when that line is not a question (a line ending
+    in "?" that starts like one) or a request (starting with an imperative or "I need", "I'm
+    looking for" and the like), speaks as the assistant or about questions ("What's a good
+    question about..."), repeats a sentence, or has fewer than
+    MIN_QUESTION_CHARS or more than MAX_QUESTION_CHARS characters."""
     for line in text.splitlines():
-        line = QUESTION_PREFIX.sub("", line.strip()).strip(QUOTES).strip()
+        line = EXCLAMATIONS.sub("", QUESTION_PREFIX.sub("", line.strip()).strip())
         if not line or line.endswith(":") or (PREAMBLE.match(line) and not line.endswith("?")):
             continue
-        if not (line.endswith("?") or REQUEST_START.match(line)):
-            return None  # the first real line is an answer, not a question: drop the reply
-        if not MIN_QUESTION_CHARS <= len(line) <= MAX_QUESTION_CHARS:
-            return None
+        quoted = QUOTED.search(line)
+        line = (quoted.group(1) if quoted else line).strip(QUOTES).strip()
+        question = line.endswith("?") and QUESTION_START.match(line)
+        sentences = [" ".join(s.lower().split()) for s in re.split(r"(?<=[.!?])\s+", line)]
+        if (
+            not (question or REQUEST_START.match(line))
+            or NOT_A_USER.search(line)
+            or len(set(sentences)) < len(sentences)
+            or not MIN_QUESTION_CHARS <= len(line) <= MAX_QUESTION_CHARS
+        ):
+            return None  # the first real line is not a usable request: drop the reply
         return line
     return None
 
