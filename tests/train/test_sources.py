@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.train.overlap import shingles, spec_bench_shingles
-from verispec.train import sources
+from verispec.train import held_out, sources
 from verispec.train.sources import SOURCES, eval_prompts, get_source, self_instruct
 from verispec.train.stdlib_texts import _from_json, _to_json, is_reserved, stdlib_index
 
@@ -104,7 +104,7 @@ def test_held_out_prompts_are_disjoint_from_training():
     assert collections.Counter(c for c, _ in held) == {c: 4 for c in CATEGORIES}
     assert len({json.dumps(m) for _, m in held}) == 52
     held_runs = set().union(*(shingles(m[0]["content"]) for _, m in held))
-    topic = re.compile("|".join(rf"\b{re.escape(t)}\b" for t in sources.EVAL_TOPICS), re.IGNORECASE)
+    topic = re.compile("|".join(rf"\b{re.escape(t)}\b" for t in held_out.EVAL_TOPICS), re.IGNORECASE)
     for name in SOURCES:
         for prompt in first(name, 2000):
             assert not shingles(prompt) & held_runs, (name, prompt[:300])

@@ -47,6 +47,7 @@ MAX_PASSAGE_CHARS = 1600
 MIN_CODE_LINES, MAX_CODE_LINES = 10, 60
 MAX_CODE_CHARS = 1800
 RESERVED_SLICE = 12  # one top-level package in about this many is held out for scoring
+MIN_TRANSLATE_CHARS = 150  # a passage's opening to translate is at least this long, if it can be
 SHINGLE = 8  # words: a run this long in common means a copied phrase, not shared idiom
 
 # Directories whose files are tests, demos, bundled data or tools rather than library text.
@@ -129,6 +130,18 @@ def cut_passage(text: str, limit: int = MAX_PASSAGE_CHARS) -> str:
         if len(out) + len(sentence) + 1 > limit:
             break
         out = f"{out} {sentence}" if out else sentence
+    return out
+
+
+def first_paragraph(text: str) -> str:
+    """The first paragraph, joined with the next ones while shorter than MIN_TRANSLATE_CHARS
+    (a one-line summary alone is too little to translate)."""
+    paragraphs = re.split(r"\n\s*\n", text.strip())
+    out = paragraphs[0]
+    for paragraph in paragraphs[1:]:
+        if len(out) >= MIN_TRANSLATE_CHARS:
+            break
+        out = f"{out}\n\n{paragraph}"
     return out
 
 
