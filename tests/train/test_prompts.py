@@ -1,30 +1,9 @@
 """Training prompts: distinct, reproducible, and sharing nothing with the benchmark's prompts."""
 
-import json
-from pathlib import Path
-
 import pytest
 
+from tests.train.overlap import shingles, spec_bench_shingles
 from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS, second_turns, training_prompts
-
-SPEC_BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question_dev.jsonl"
-SHINGLE = 8  # words: a run this long in common would mean a copied phrase, not shared idiom
-
-
-def shingles(text: str) -> set[tuple[str, ...]]:
-    words = text.lower().split()
-    return {tuple(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
-
-
-def spec_bench_shingles() -> set[tuple[str, ...]]:
-    """Every eight-word run of every turn of the Spec-Bench dev prompts."""
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"no Spec-Bench prompt set at {SPEC_BENCH}")
-    bench: set[tuple[str, ...]] = set()
-    for line in SPEC_BENCH.read_text().splitlines():
-        for turn in json.loads(line)["turns"]:
-            bench |= shingles(turn)
-    return bench
 
 
 def test_prompts_are_distinct_and_reproducible():

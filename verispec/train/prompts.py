@@ -155,6 +155,12 @@ PASSAGE_TASKS = (
 )
 
 Message = dict[str, str]
+Messages = list[Message]  # a conversation ending in a user turn
+
+
+def user(text: str) -> Messages:
+    """A conversation of one user turn."""
+    return [{"role": "user", "content": text}]
 
 
 def second_turns(first: list[tuple[str, str]], count: int, seed: int = 0) -> list[list[Message]]:
