@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP workers sleep instead of spinning. With spinning (the default), torch's second
+# thread on this 2-core machine burns a core between ops and, once other processes want the
+# cores, every op waits for a descheduled worker: the tiny engine's 3-token requests took
+# 10-20x longer under load (0.35-0.47 s against 0.02-0.05 s), the same as with one thread
+# once passive. The thread count, and so what the tests run, is unchanged. Set before torch
+# (imported below, through tests.tiny) loads OpenMP, which reads it once; servers and Ray
+# workers the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 
 from tests import tiny

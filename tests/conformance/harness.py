@@ -31,6 +31,13 @@ Rule = Callable[[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray], ChainRe
 N_DRAWS = 200_000
 Z_MAX = 5.4
 CHI2_ALPHA = 1e-3
+# Negative controls (mutant rules that must FAIL an arm) run a tenth of the draws. Their
+# mutants miss by 0.18 and more at N_DRAWS (each run reports its max|f-p|), against
+# tolerance(20_000) = 0.019 on a position every draw reaches: to pass, a mutant's empirical frequency would have to land
+# at least 0.18 - 0.006 - 0.019 > 0.15 from its own expectation, which Hoeffding's
+# inequality bounds by 2 exp(-2 * 20_000 * 0.15**2) < 1e-390 (and the chi-square test
+# fails it too). The lossless arms keep N_DRAWS: their tolerances are what the rule passes.
+N_MUTANT = N_DRAWS // 10
 
 
 def tolerance(n: int) -> float:
