@@ -55,10 +55,12 @@ class ShardError(UserError, ValueError):
 class PromptSource(Protocol):
     """What ``grow`` needs of a source (``verispec.train.sources.Source`` is one)."""
 
-    name: str
-    licence: str
-    size: int | None
-
+    @property
+    def name(self) -> str: ...
+    @property
+    def licence(self) -> str: ...
+    @property
+    def size(self) -> int | None: ...
     def prompt(self, index: int) -> Messages: ...
 
 
