@@ -270,8 +270,9 @@ def _block_chains(
 ) -> torch.Tensor:
     """One sequence's chains (A, k), k <= block_size - 1: each anchor's block in one pass,
     its slots' tokens drawn as far as they are scored (the logits cost most)."""
-    positions = torch.arange(len(tokens))
-    context = net.context_keys(features, positions)
+    # Only the positions some anchor's window reaches (a long prompt's start is read by none).
+    positions = torch.arange(max(0, int(anchors.min()) - net.config.window), int(anchors.max()))
+    context = net.context_keys(features[positions], positions)
     outputs = net(shared.embed(tokens[anchors]), anchors, context, positions)  # (A, B - 1, D)
     drafts = torch.full((len(anchors), k), NOT_DRAFTED, dtype=torch.long)
     alive = torch.arange(len(anchors))
