@@ -81,7 +81,9 @@ TINY_NET = {"heads": 4, "kv_heads": 2, "head_dim": 8, "intermediate": 64, "windo
 TINY_DATA = {"tokens": 1500, "max_new_tokens": 40, "batch_size": 16}
 
 
-def train_tiny_drafter(kind: str, target_dir: Path, out: Path, data_dir: Path, steps: int = 250, on_step=None, **train):
+def train_tiny_drafter(
+    kind: str, target_dir: Path, out: Path, data_dir: Path, steps: int = 250, on_step=None, eval_prompts=None, **train
+):
     """Train a ``kind`` drafter for the tiny target in ``target_dir`` through the real
     pipeline (data cached in ``data_dir``); returns the summary. ``train``: TrainSettings overrides."""
     from verispec.train.data import DataSettings
@@ -98,4 +100,5 @@ def train_tiny_drafter(kind: str, target_dir: Path, out: Path, data_dir: Path, s
         data_dir=data_dir,
         dtype="float32",
         on_step=on_step,
+        eval_prompts=eval_prompts,
     )

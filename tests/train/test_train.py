@@ -87,7 +87,7 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
         "train-drafter", "--target", str(tiny_dir), "--kind", "head", "--out", str(out), "--dtype", "float32",
         "--tokens", "200", "--max-new-tokens", "24", "--gen-batch", "8", "--data-dir", str(tmp_path / "data"),
         "--steps", "3", "--items", "2", "--span", "8", "--draft-vocab", "40", "--window", "16",
-        "--intermediate", "32", "--checkpoint-every", "2",
+        "--intermediate", "32", "--checkpoint-every", "2", "--eval-tokens", "16",
     ])  # fmt: skip
     assert code == 0
     config = json.loads((out / "config.json").read_text())
@@ -95,6 +95,8 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
     assert config["target"]["vocab_size"] == tiny.VOCAB and config["target"]["hidden_size"] == 32
     assert len(config["target"]["weights_sha256"]) == 64
     assert config["training"]["data"]["response_tokens"] >= 200
+    # --eval by default: both checkpoints (steps 2 and 3) scored at k = 8.
+    assert [(s["step"], s["k"]) for s in config["training"]["scores"]] == [(2, 8), (3, 8)]
     weights = load_file(str(out / "model.safetensors"))
     assert weights["vocab_ids"].shape == (40,)
     # The target's embeddings and LM head (V rows) are shared at load time, never stored.
@@ -110,7 +112,7 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
         ("--second-turns", "1.5"),
         ("--second-turns", "-0.1"),
         ("--holdout", "1.5"),
-        ("--patience", "2"),
+        ("--patience", "-1"),  # (a positive one counts scored checkpoints: --eval is on by default)
     ],
 )
 def test_bad_settings_are_refused_with_a_message(option, value, tiny_dir, tmp_path, capsys):

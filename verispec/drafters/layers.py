@@ -163,6 +163,11 @@ class SharedTarget:
         """(..., D) -> (..., N) logits over the draft vocabulary."""
         return torch.matmul(hidden.to(torch.float32), self.head.T)
 
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., N) bfloat16: the logits drafting reads (``distribution``); a
+        greedy draft is their argmax, ties to the lowest id, also where they are scored offline."""
+        return torch.matmul(hidden.to(torch.bfloat16), self.head_bf16.T)
+
     def distribution(
         self, hidden: torch.Tensor, params: SamplingParams, prompt: Sequence[int], history: Sequence[int]
     ) -> tuple[NDArray[np.float64], float]:
@@ -180,7 +185,7 @@ class SharedTarget:
         pipeline runs on the full row (-inf outside). Either way the row returned is the one
         the drafter samples from, which is all the acceptance rule asks of q.
         """
-        logits = torch.matmul(hidden.to(torch.bfloat16), self.head_bf16.T).double().numpy()
+        logits = self.draft_logits(hidden).double().numpy()
         confidence = float(1.0 / np.exp(logits - logits.max()).sum())
         if params.penalised:
             full = np.full(self.vocab_size, -np.inf)

@@ -68,6 +68,16 @@ def add_train_parser(commands: Any) -> None:
     fit.add_argument(
         "--patience", type=int, default=0, help="stop after this many validations without a new best (0: never)"
     )
+    fit.add_argument(
+        "--eval",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="held-out score at every checkpoint: how far the drafter's greedy chains run along the target's "
+        "answers to fixed eval prompts (acceptance per position, expected tokens per round); the weights of "
+        "the best score are the ones written",
+    )
+    fit.add_argument("--eval-k", type=int, default=8, help="draft positions the held-out score counts")
+    fit.add_argument("--eval-tokens", type=int, default=128, help="longest target answer per eval prompt")
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: where native)"
@@ -119,6 +129,8 @@ def run_train(args: argparse.Namespace) -> int:
         bf16=bf16,
         holdout=args.holdout,
         patience=args.patience,
+        score_k=args.eval_k if args.eval else 0,
+        score_tokens=args.eval_tokens,
     )
     columns = (
         TextColumn("{task.description}"),
@@ -189,9 +201,18 @@ def run_train(args: argparse.Namespace) -> int:
     )
     best = summary.get("validation")
     if best is not None:
-        console.print(
-            f"held out {summary['held_out_sequences']} responses: best at step {best['step']} (loss "
-            f"{best['loss']:.3f}, first-draft accuracy {best['accuracy']:.2f}); its weights were written"
-        )
+        parts = []
+        if "score" in best:
+            held = best["score"]
+            parts.append(
+                f"held-out score {held['expected_tokens']:.2f} tokens per round at k={held['k']}, first-draft "
+                f"acceptance {held['first_acceptance']:.2f} over {held['anchors']} anchors"
+            )
+        if "loss" in best:
+            parts.append(
+                f"held out {summary['held_out_sequences']} responses: loss {best['loss']:.3f}, first-draft "
+                f"accuracy {best['accuracy']:.2f}"
+            )
+        console.print(f"best at step {best['step']} ({'; '.join(parts)}); its weights were written")
     console.print(f"[dim]command: verispec {shlex.join(sys.argv[1:])}[/dim]")
     return 0

@@ -191,11 +191,17 @@ def _until_eos(row: list[int], eos: set[int]) -> list[int]:
 
 @torch.inference_mode()
 def hidden_states(
-    model: Any, corpus: Corpus, layers: tuple[int, ...], batch_size: int = 8, progress: Progress | None = None
+    model: Any,
+    corpus: Corpus,
+    layers: tuple[int, ...],
+    batch_size: int = 8,
+    progress: Progress | None = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """(P, len(layers) * D) bf16: the target's states at every position of every sequence."""
+    """(P, len(layers) * D) ``dtype`` (bf16: a training set's size halved): the target's
+    states at every position of every sequence."""
     hidden_size = int(model.config.hidden_size)
-    out = torch.zeros(len(corpus.tokens), len(layers) * hidden_size, dtype=torch.bfloat16)
+    out = torch.zeros(len(corpus.tokens), len(layers) * hidden_size, dtype=dtype)
     order = torch.argsort(corpus.lengths, descending=True).tolist()  # similar lengths share a batch
     device = next(model.parameters()).device
     for done in range(0, len(order), batch_size):
@@ -211,7 +217,7 @@ def hidden_states(
         stacked = torch.cat([states.hidden_states[layer] for layer in layers], dim=-1).cpu()
         for row, index in enumerate(batch):
             start, length = int(corpus.starts[index]), int(corpus.lengths[index])
-            out[start : start + length] = stacked[row, :length].to(torch.bfloat16)
+            out[start : start + length] = stacked[row, :length].to(dtype)
         if progress is not None:
             progress(min(done + batch_size, len(order)), len(order))
     return out

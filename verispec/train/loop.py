@@ -12,6 +12,10 @@ the same fixed batches (so scores compare like with like). The weights with the 
 validation loss are kept (in the checkpoint too, so a resumed run keeps them) and are what
 the run returns: early stopping. With ``patience`` > 0 training also ends once that many
 validations in a row have not improved on the best.
+
+Held-out score (optional, ``verispec.train.score``): a scorer called at every checkpoint
+too; where there is one, the best checkpoint is the one of the most expected tokens per
+round (the first of equals) rather than the lowest validation loss.
 """
 
 from __future__ import annotations
@@ -69,17 +73,23 @@ class History:
     accuracies: list[float] = field(default_factory=list)
     seconds: float = 0.0
     resumed_from: int = 0
-    # One entry per validation: {"step", "loss", "accuracy"} (first-draft accuracy).
-    validations: list[dict[str, float]] = field(default_factory=list)
+    # One entry per checkpoint validated: {"step", "loss", "accuracy"} (first-draft accuracy)
+    # with a validation objective, "score" (``HeldOutScore.as_dict``) with a scorer.
+    validations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def step(self) -> int:
         return len(self.losses)
 
     @property
-    def best(self) -> dict[str, float] | None:
-        """The validation with the lowest loss (the first of equals), None without validation."""
-        return min(self.validations, key=lambda v: v["loss"]) if self.validations else None
+    def best(self) -> dict[str, Any] | None:
+        """The validation with the most expected tokens per round where they were scored,
+        else the lowest loss (the first of equals); None without validation."""
+        if not self.validations:
+            return None
+        if all("score" in v for v in self.validations):
+            return max(self.validations, key=lambda v: v["score"]["expected_tokens"])
+        return min(self.validations, key=lambda v: v["loss"])
 
     def patience_spent(self, patience: int) -> bool:
         best = self.best
@@ -89,6 +99,7 @@ class History:
 
 
 StepCallback = Callable[[int, float, float], None]  # (steps done, loss, first-draft accuracy)
+Scorer = Callable[[], dict[str, Any]]  # the held-out score of the net as it is now
 
 
 def run(
@@ -100,9 +111,11 @@ def run(
     on_step: StepCallback | None = None,
     validation: Objective | None = None,
     validation_batches: int = 16,
+    scorer: Scorer | None = None,
 ) -> History:
     """Train ``net`` for ``schedule.steps`` steps, resuming from OUT/checkpoint when present.
-    With ``validation``, ``net`` ends with the weights of the best validation (see above)."""
+    With ``validation`` or ``scorer``, ``net`` ends with the weights of the best checkpoint
+    (see above)."""
     parameters = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=schedule.lr, weight_decay=schedule.weight_decay)
     checkpoint = out / CHECKPOINT_DIR
@@ -124,8 +137,15 @@ def run(
         history.seconds = time.perf_counter() - started
         done = step + 1
         if done % schedule.checkpoint_every == 0 or done == schedule.steps:
-            if validation is not None:
-                history.validations.append({"step": done, **_validate(net, validation, validation_batches, schedule)})
+            if validation is not None or scorer is not None:
+                entry: dict[str, Any] = {"step": done}
+                if validation is not None:
+                    entry.update(_validate(net, validation, validation_batches, schedule))
+                if scorer is not None:
+                    net.eval()
+                    entry["score"] = scorer()
+                    net.train()
+                history.validations.append(entry)
                 if history.best is history.validations[-1]:
                     best_weights = {name: t.detach().clone() for name, t in net.state_dict().items()}
             _save(checkpoint, run_key, net, optimizer, history, best_weights)
@@ -233,8 +253,10 @@ def plot_loss(history: History, path: Path) -> None:
         smooth = torch.conv1d(torch.tensor(history.losses).view(1, 1, -1), kernel.view(1, 1, -1)).flatten()
         axis.plot(range(width, history.step + 1), smooth.tolist(), color="tab:blue", label=f"mean of {width}")
     if history.validations:
-        steps_seen = [v["step"] for v in history.validations]
-        axis.plot(steps_seen, [v["loss"] for v in history.validations], "o-", color="tab:orange", label="held out")
+        lossed = [v for v in history.validations if "loss" in v]
+        if lossed:
+            steps_seen = [v["step"] for v in lossed]
+            axis.plot(steps_seen, [v["loss"] for v in lossed], "o-", color="tab:orange", label="held out")
         best = history.best
         assert best is not None
         axis.axvline(best["step"], color="tab:orange", alpha=0.4, linestyle="--", label=f"best, step {best['step']}")

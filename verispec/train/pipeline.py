@@ -6,6 +6,10 @@
 4. the draft vocabulary: the ``draft_vocab`` most frequent response tokens;
 5. the network, initialised from the seed; training (resumable);
 6. export: ``config.json`` + ``model.safetensors`` (+ ``loss.png``, ``training.json``).
+
+With ``score_k`` set, the target also answers the eval prompts (cached likewise) and every
+checkpoint is scored on them (``verispec.train.score``): the held-out score, which then
+chooses the weights written.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from verispec.drafters import weights
 from verispec.drafters.block import BlockConfig, BlockNet, evenly_spaced_layers
 from verispec.drafters.head import HeadConfig, HeadNet
 from verispec.drafters.layers import SharedTarget
-from verispec.train import data, loop, objectives
+from verispec.train import data, loop, objectives, score
 from verispec.train.prompts import second_turns, training_prompts
 
 KINDS = ("head", "block")
@@ -61,11 +65,13 @@ class TrainSettings:
     bf16: bool = False
     holdout: float = 0.0  # share of the sequences held out for validation and early stopping
     patience: int = 0  # validations without improvement before stopping (needs holdout)
+    score_k: int = 0  # draft positions of the held-out score at every checkpoint; 0: no score
+    score_tokens: int = score.EVAL_TOKENS  # the longest answer per eval prompt
 
 
 # Settings added after weights were shipped: left out of the run key at their defaults, so
 # the runs that made those weights keep their key (and resume as they did).
-_LATER_SETTINGS = {"holdout": 0.0, "patience": 0}
+_LATER_SETTINGS = {"holdout": 0.0, "patience": 0, "score_k": 0, "score_tokens": score.EVAL_TOKENS}
 VALIDATION_BATCHES = 16  # batches of held-out items scored at every checkpoint
 
 
@@ -87,11 +93,14 @@ def train_drafter(
     data_only: bool = False,
     shards: Path | None = None,
     sources: tuple[str, ...] | None = None,
+    eval_prompts: list[score.EvalPrompt] | None = None,
 ) -> dict[str, Any]:
     """Train a ``kind`` drafter for the target ``target_spec`` into ``out``; returns a summary.
     ``data_only``: stop once the training set and its hidden states are cached. ``shards``: a
     data directory grown by ``verispec train-data`` (its ``sources``, None: all) is the training
-    set instead of responses generated here (``data_settings`` then only sets nothing)."""
+    set instead of responses generated here (``data_settings`` then sets nothing).
+    ``eval_prompts``: what the held-out score answers (with ``score_k``; default the project's
+    eval prompts)."""
     from verispec import models
     from verispec.cache import cache_root
     from verispec.targets.torch_target import TorchTarget, parse_dtype
@@ -143,6 +152,20 @@ def train_drafter(
         return {"data": data_summary, "data_seconds": round(data_seconds, 1), "draft_vocab_coverage": coverage}
     net, net_config = build_net(kind, net_settings, target.hidden_size, layers, vocab_ids)
     shared = SharedTarget(target.token_embeddings(), target.lm_head_weight(), vocab_ids)
+    scorer, eval_digest = None, None
+    if train_settings.score_k:
+        prompts = score.default_eval_prompts() if eval_prompts is None else eval_prompts
+        eval_corpus, seconds = score.eval_corpus(
+            model, tokenizer, sorted(target.eos_token_ids), prompts, layers, data_dir, fingerprint,
+            train_settings.score_tokens, stage, _native_answers(target_spec, len(prompts)),
+        )  # fmt: skip
+        data_seconds += seconds
+        k = train_settings.score_k
+
+        def scorer() -> dict[str, Any]:
+            return score.chain_acceptance(net, shared, eval_corpus, k).as_dict()
+
+        eval_digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
     held_out = None
     if train_settings.holdout:
         held_out = held_out_sequences(data.quote_groups(corpus), train_settings.holdout, train_settings.seed)
@@ -161,9 +184,11 @@ def train_drafter(
         bf16=train_settings.bf16,
         patience=train_settings.patience,
     )
-    run_key = _run_key(kind, fingerprint, data_settings if grown is None else key, net_settings, train_settings)
+    extra = [] if eval_digest is None else [{"eval_prompts": eval_digest}]  # other prompts, another run
+    trained_on = data_settings if grown is None else {"shards": key}
+    run_key = _run_key(kind, fingerprint, trained_on, net_settings, train_settings, *extra)
     net.train()
-    history = loop.run(net, objective, schedule, out, run_key, on_step, validation, VALIDATION_BATCHES)
+    history = loop.run(net, objective, schedule, out, run_key, on_step, validation, VALIDATION_BATCHES, scorer)
     net.eval()
 
     training = {
@@ -180,7 +205,10 @@ def train_drafter(
     }
     if held_out is not None:
         training["held_out_sequences"] = int(held_out.sum())
+    if history.validations:
         training["validation"] = history.best  # the step whose weights these are
+    if scorer is not None:
+        training["scores"] = [{"step": v["step"], **v["score"]} for v in history.validations]
     weights.save(out, kind, net_config, net.state_dict(), identity, training)
     loop.plot_loss(history, out / "loss.png")
     curves: dict[str, Any] = {"losses": history.losses, "accuracies": history.accuracies}
@@ -191,6 +219,20 @@ def train_drafter(
     training["total_seconds"] = round(time.perf_counter() - started, 1)
     training["resumed_from_step"] = history.resumed_from
     return training
+
+
+def _native_answers(target_spec: str | None, count: int) -> Callable[[list[list[int]], int], list[list[int]]] | None:
+    """Greedy answers on the native target, many a pass; None where it does not load the model
+    (another architecture): the eval answers then come from transformers' ``generate``."""
+    from verispec.api import load_engine
+    from verispec.errors import UserError
+    from verispec.train.shards import answer_greedily
+
+    try:
+        engine = load_engine(target_spec, backend="native", slots=max(1, min(16, count)))
+    except UserError:
+        return None
+    return lambda prompts, tokens: answer_greedily(engine, prompts, tokens)
 
 
 def _shard_corpus(
@@ -244,8 +286,10 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
         problems.append("--lr must be > 0")
     if not 0.0 <= train.holdout < 1.0:
         problems.append(f"--holdout is a share in [0, 1), got {train.holdout}")
-    if train.patience < 0 or (train.patience > 0 and not train.holdout):
-        problems.append("--patience must be >= 0 and needs --holdout > 0 (it counts held-out validations)")
+    if train.patience < 0 or (train.patience > 0 and not train.holdout and not train.score_k):
+        problems.append("--patience must be >= 0 and needs --holdout > 0 or --eval (it counts validations)")
+    if train.score_k < 0 or train.score_tokens < 1:
+        problems.append("--eval-k must be >= 0 and --eval-tokens >= 1")
     if problems:
         raise loop.TrainError("; ".join(problems))
 
@@ -378,7 +422,7 @@ def build_net(
 
 
 def _run_key(kind: str, fingerprint: str, *settings: Any) -> str:
-    fields = [asdict(s) if not isinstance(s, str) else {"shards": s} for s in settings]
+    fields = [s if isinstance(s, dict) else asdict(s) for s in settings]
     for values in fields:
         for name, default in _LATER_SETTINGS.items():
             if name in values and values[name] == default:

@@ -491,6 +491,35 @@ def grow(
     return GrowReport(source.name, before, held, sequences, shards, round(seconds, 2), exhausted)
 
 
+def answer_greedily(engine: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """The target's greedy answers (ids, the end-of-sequence token included when written) to
+    ``prompts`` (token ids), in their order, ``engine``'s slots at a time in shared passes."""
+    from verispec.scheduler import Scheduler
+
+    slots = int(getattr(engine.target, "slots", 1))
+    scheduler = Scheduler(engine, max_running=slots, max_rows=max(256, 4 * slots))
+    answers: list[list[int]] = [[] for _ in prompts]
+    waiting = list(enumerate(prompts))
+    running: dict[Any, int] = {}
+    while waiting or running:
+        while waiting:
+            index, ids = waiting[0]
+            request = engine.request(ids, drafter="none", k=0, max_tokens=max_new_tokens, temperature=0.0)
+            if not scheduler.can_start(request):
+                break
+            running[scheduler.start(request)] = index
+            waiting.pop(0)
+        scheduler.step()
+        for job in [j for j in running if j.finished]:
+            index = running.pop(job)
+            if job.error is not None:
+                raise job.error
+            answers[index] = job.request.context[len(job.request.prompt_ids) :]
+        for job in running:
+            job.take()
+    return answers
+
+
 def _expected(running: dict[Any, Any], written: int, answers: int, settings: GenerationSettings) -> int:
     """Tokens the running requests are expected to add: each at least what it has written, and
     the mean answer so far (half the longest before any), so that a run admits no more prompts
