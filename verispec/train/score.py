@@ -45,6 +45,7 @@ from verispec.drafters.block import BlockNet
 from verispec.drafters.head import HeadNet
 from verispec.drafters.layers import SharedTarget
 from verispec.train import data
+from verispec.train.loop import TrainError
 
 EvalPrompt = tuple[str, list[dict[str, str]]]  # (category, chat messages ending in a user turn)
 EVAL_TOKENS = 128  # the longest answer per eval prompt
@@ -298,6 +299,14 @@ def eval_corpus(
     corpus = data.load_corpus(path, key)
     if corpus is None:
         encoded = [data.encode_conversation(tokenizer, list(messages)) for _, messages in prompts]
+        # A target with a short context scores on the prompts that leave room for an answer.
+        context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        if context:
+            encoded = [ids for ids in encoded if len(ids) + max_new_tokens <= context]
+            if not encoded:
+                raise TrainError(
+                    f"no eval prompt fits the target's context of {context} tokens with {max_new_tokens} to answer"
+                )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
         # Every prompt answered: a token budget no batch of answers can reach.
         settings = data.DataSettings(tokens=len(encoded) * max_new_tokens + 1, max_new_tokens=max_new_tokens)
