@@ -163,10 +163,11 @@ class Pool {
   std::mutex mutex_, run_mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  std::atomic<uint64_t> next_{0};  // generation (16 bits) | chunks (24) | next chunk to claim (24)
-  std::atomic<uint64_t> done_{0};
-  std::atomic<uint32_t> posted_{0};
-  std::atomic<int> sleepers_{0};
+  // Each on its own cache line: threads spinning on one must not be slowed by writes to another.
+  alignas(64) std::atomic<uint64_t> next_{0};  // generation (16 bits) | chunks (24) | next chunk to claim (24)
+  alignas(64) std::atomic<uint64_t> done_{0};
+  alignas(64) std::atomic<uint32_t> posted_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
   uint32_t generation_ = 0;
   int64_t begin_ = 0, end_ = 0, chunk_ = 1;
   const Body* fn_ = nullptr;
