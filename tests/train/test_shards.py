@@ -226,3 +226,37 @@ def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(eng
     last = corpus_hidden_states(data, chosen, model, (2,))  # served by the files of layers 1 and 2
     assert sorted((data.root / "hidden").glob("0*.npy")) == files
     assert torch.equal(last, both[:, both.shape[1] // 2 :])
+
+
+@pytest.mark.slow
+def test_the_command_stops_on_a_term_signal_keeping_what_finished_and_carries_on(tiny_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "d"
+    command = [sys.executable, "-m", "verispec.cli", "train-data", "grow", str(out), "--source", "math"]
+    command += ["--target", str(tiny_dir), "--running", "4", "--max-new-tokens", "8", "--shard-sequences", "100000"]
+    process = subprocess.Popen([*command, "--tokens", "10000000"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "target.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(3.0)  # answers finish meanwhile (a few milliseconds each on the tiny model)
+    process.send_signal(signal.SIGTERM)
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 130, errors
+    assert "interrupted" in errors
+    kept = DataDir(out).shards()
+    assert len(kept) == 1 and len(kept[0].ids) > 0  # what finished before the signal is a shard
+    held = kept[0].response_tokens
+    done = subprocess.run([*command, "--tokens", str(held + 40)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ids = [i for info in DataDir(out).shards() for i in info.ids]
+    assert len(ids) == len(set(ids)) > len(kept[0].ids)  # carried on, no prompt twice
+    shown = subprocess.run(
+        [sys.executable, "-m", "verispec.cli", "train-data", "show", str(out)], capture_output=True, text=True
+    )
+    assert "math" in shown.stdout and f"{len(ids):,}" in shown.stdout
+    bad = subprocess.run([*command[:7], "nothing", "--tokens", "10"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown source 'nothing'" in bad.stderr and "passages" in bad.stderr

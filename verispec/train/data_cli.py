@@ -11,6 +11,7 @@ source's prompts in shared passes (``verispec.train.shards``); rerun it with a l
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from typing import Any
 
@@ -75,6 +76,10 @@ def run_grow(args: argparse.Namespace) -> int:
             last[0] = time.perf_counter()
             console.print(f"{source.name}: {held:,}/{wanted:,} tokens, {seconds:.0f} s generating")
 
+    # Ctrl+C, and a TERM signal (a job scheduler, `timeout`, a shell that started it in the
+    # background with SIGINT ignored), stop the run the same way: what finished is kept.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         report = grow(data, engine, source, settings, args.tokens, args.shard_sequences, progress)
     except KeyboardInterrupt:
@@ -86,6 +91,10 @@ def run_grow(args: argparse.Namespace) -> int:
         f"{report.tokens_per_second:.0f} tok/s)" + ("; the source has no more prompts" if report.exhausted else "")
     )
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def run_show(args: argparse.Namespace) -> int:
