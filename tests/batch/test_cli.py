@@ -46,8 +46,9 @@ def wait_for_records(path: Path, count: int, process: subprocess.Popen[str], tim
 
 
 def test_an_interrupted_or_killed_job_resumes_without_losing_or_repeating_a_record(tmp_path, chat_dir):
-    # Long enough (greedy, one request at a time) that the job is still running when stopped.
-    count = 12
+    # Long enough (greedy, one request at a time) that the job is still running when stopped:
+    # the native decoder runs the tiny model's 12 requests in under a second now, so 200.
+    count = 200
     lines = [line(f"q{i}", chat(f"tell me about {i}", max_tokens=300, temperature=0)) for i in range(count)]
     source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     command = batch_command(source, out, "--model", str(chat_dir), "--max-running", "1")
