@@ -15,7 +15,7 @@ import signal
 import time
 from typing import Any
 
-LOG_SECONDS = 30.0
+from verispec.train.cli import LOG_SECONDS  # one log cadence for both training commands
 
 
 def add_data_parser(commands: Any) -> None:
