@@ -61,11 +61,13 @@ def tiny_train_data(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_drafters(tiny_dir, tiny_train_data, tmp_path_factory):
-    """{"head": dir, "block": dir}: drafters trained briefly for the tiny target."""
+    """{"head": dir, "block": dir, "fused-head": dir}: drafters trained briefly for the tiny
+    target; "fused-head" is a head reading EAGLE-3's fused features of every layer."""
     root = tmp_path_factory.mktemp("tiny-drafters")
     for kind in ("block", "head"):  # the head reads the block's cached states (its last layer)
         tiny.train_tiny_drafter(kind, tiny_dir, root / kind, tiny_train_data)
-    return {"head": root / "head", "block": root / "block"}
+    tiny.train_tiny_drafter("head", tiny_dir, root / "fused-head", tiny_train_data, net={"feature_layers": 4})
+    return {"head": root / "head", "block": root / "block", "fused-head": root / "fused-head"}
 
 
 @pytest.fixture(scope="session")

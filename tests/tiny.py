@@ -82,10 +82,19 @@ TINY_DATA = {"tokens": 1500, "max_new_tokens": 40, "batch_size": 16}
 
 
 def train_tiny_drafter(
-    kind: str, target_dir: Path, out: Path, data_dir: Path, steps: int = 250, on_step=None, eval_prompts=None, **train
+    kind: str,
+    target_dir: Path,
+    out: Path,
+    data_dir: Path,
+    steps: int = 250,
+    on_step=None,
+    eval_prompts=None,
+    net=None,
+    **train,
 ):
     """Train a ``kind`` drafter for the tiny target in ``target_dir`` through the real
-    pipeline (data cached in ``data_dir``); returns the summary. ``train``: TrainSettings overrides."""
+    pipeline (data cached in ``data_dir``); returns the summary. ``net``: NetSettings
+    overrides; ``train``: TrainSettings overrides."""
     from verispec.train.data import DataSettings
     from verispec.train.pipeline import NetSettings, TrainSettings, train_drafter
 
@@ -95,7 +104,7 @@ def train_tiny_drafter(
         out,
         str(target_dir),
         DataSettings(**TINY_DATA),
-        NetSettings(**TINY_NET),
+        NetSettings(**{**TINY_NET, **(net or {})}),
         TrainSettings(**settings),
         data_dir=data_dir,
         dtype="float32",

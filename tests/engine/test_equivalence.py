@@ -116,11 +116,12 @@ def test_the_governor_verifies_trees_where_rows_are_cheap_and_chains_where_they_
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])
-@pytest.mark.parametrize("kind", ["head", "block"])
+@pytest.mark.parametrize("kind", ["head", "block", "fused-head"])
 def test_greedy_with_trained_drafters_equals_plain(either_engine, tiny_drafters, kind, k):
     # Drafters conditioned on the target's hidden states (trained briefly on the tiny target);
-    # "H" is a one-token prompt: no hidden state exists before the first verify.
-    drafter = either_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
+    # "H" is a one-token prompt: no hidden state exists before the first verify. The fused
+    # head reads two layers' states at once (EAGLE-3's features).
+    drafter = either_engine.drafter(kind.removeprefix("fused-"), drafter_weights=str(tiny_drafters[kind]))
     offered = accepted = 0
     for prompt in [*PROMPTS, "H"]:
         result = either_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)

@@ -107,7 +107,7 @@ PROMPTS = ["the dog ran to the park and", "Once upon a time there", "seven, eigh
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["head", "block"])
+@pytest.mark.parametrize("kind", ["head", "block", "fused-head"])
 def test_the_chains_are_the_run_time_drafters_own(kind, tiny_engine, tiny_drafters):
     """A real engine drafts greedily at k = 4; every proposal it got is the chain ``chains``
     computes offline from the same anchor, and the accepted counts per position are the
@@ -115,7 +115,7 @@ def test_the_chains_are_the_run_time_drafters_own(kind, tiny_engine, tiny_drafte
     allowed, so that every round's k (k, or the room left but one) is what the corpus
     leaves after its anchor, and the target's states come from a separate whole-sequence pass."""
     k, tokens = 4, 40
-    drafter = tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
+    drafter = tiny_engine.drafter(kind.removeprefix("fused-"), drafter_weights=str(tiny_drafters[kind]))
     tiny_engine.generate("warm", drafter=drafter, k=k, temperature=0, max_tokens=4)  # calibration's proposals
     proposals: list[list[tuple[int, list[int]]]] = []
     propose = drafter.propose

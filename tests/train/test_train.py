@@ -24,16 +24,17 @@ def acceptance(engine, drafter, prompts=HELD_OUT) -> float:
     return accepted / offered
 
 
-@pytest.mark.parametrize("kind", ["head", "block"])
+@pytest.mark.parametrize("kind", ["head", "block", "fused-head"])
 def test_training_lowers_the_loss_and_raises_acceptance(
     kind, tiny_dir, tiny_engine, tiny_drafters, tiny_train_data, tmp_path
 ):
     # Untrained: the same pipeline, one step at a negligible learning rate (the initial weights).
-    tiny.train_tiny_drafter(kind, tiny_dir, tmp_path / "untrained", tiny_train_data, steps=1, lr=1e-12)
+    name, net = kind.removeprefix("fused-"), ({"feature_layers": 4} if kind.startswith("fused") else None)
+    tiny.train_tiny_drafter(name, tiny_dir, tmp_path / "untrained", tiny_train_data, steps=1, lr=1e-12, net=net)
     losses = json.loads((tiny_drafters[kind] / "training.json").read_text())["losses"]
     first, last = float(np.mean(losses[:5])), float(np.mean(losses[-20:]))
-    untrained = acceptance(tiny_engine, tiny_engine.drafter(kind, drafter_weights=str(tmp_path / "untrained")))
-    trained = acceptance(tiny_engine, tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind])))
+    untrained = acceptance(tiny_engine, tiny_engine.drafter(name, drafter_weights=str(tmp_path / "untrained")))
+    trained = acceptance(tiny_engine, tiny_engine.drafter(name, drafter_weights=str(tiny_drafters[kind])))
     print(
         f"\n  {kind}: loss {first:.3f} -> {last:.3f} over {len(losses)} steps; greedy acceptance on held-out "
         f"prompts {untrained:.1%} untrained -> {trained:.1%} trained"

@@ -1,7 +1,10 @@
 """``head``: an MTP/EAGLE-style draft head on the target's last hidden state.
 
 Terms: position t holds token x_t; the target's feature h_t (its final normed hidden state
-there, the one its LM head reads) predicts x_{t+1}. The head at position t reads
+there, the one its LM head reads) predicts x_{t+1}. With ``low_layers`` (EAGLE-3's fused
+features) h_t is instead ``reduce([s_a ; s_b ; ... ; final])``, a learnt projection of the
+states of a few layers side by side, so the head sees what the lower layers knew, not only
+what the last one kept for the next token. The head at position t reads
 ``fuse([norm(f_{t-1}) ; norm(embed(x_t))])`` through one small decoder layer (causal
 attention over its own last ``window`` positions) and predicts x_{t+1} with the target's
 LM head. With f = h it drafts the token after the bonus (the bonus x_n is known, h_{n-1}
@@ -31,7 +34,9 @@ KIND = "head"
 @dataclass(frozen=True)
 class HeadConfig(trained.NetConfig):
     """Shape of a head. hidden: the target's hidden size; feature_layer: the target
-    hidden-state index read (its number of layers = the final normed state)."""
+    hidden-state index read (its number of layers = the final normed state); low_layers:
+    earlier hidden-state indices read beside it and fused into one feature (EAGLE-3), none
+    by default."""
 
     kind = KIND
     hidden: int
@@ -44,14 +49,19 @@ class HeadConfig(trained.NetConfig):
     intermediate: int = 1024
     window: int = 64
     rope_theta: float = 10000.0
+    low_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:  # config.json holds a list
+        object.__setattr__(self, "low_layers", tuple(int(i) for i in self.low_layers))
 
     @property
     def layers_read(self) -> tuple[int, ...]:
-        return (self.feature_layer,)
+        return (*self.low_layers, self.feature_layer)
 
 
 class HeadNet(trained.TrainedNet[HeadConfig]):
-    """The trainable part. Shapes: features, embeds (..., T, D) -> outputs g (..., T, D)."""
+    """The trainable part. Shapes: features, embeds (..., T, D) -> outputs g (..., T, D);
+    the target's states (..., T, F) of the layers read -> features via ``target_features``."""
 
     config_class = HeadConfig
 
@@ -60,6 +70,12 @@ class HeadNet(trained.TrainedNet[HeadConfig]):
         self.feature_norm = RMSNorm(dim)
         self.embed_norm = RMSNorm(dim)
         self.fuse = nn.Linear(2 * dim, dim, bias=False)
+        if self.config.low_layers:  # created only here, so a one-layer head's seeded init is unchanged
+            self.reduce = nn.Linear(len(self.config.layers_read) * dim, dim, bias=False)
+
+    def target_features(self, states: torch.Tensor) -> torch.Tensor:
+        """The feature (..., D) that the target's states (..., F) of the layers read give."""
+        return self.reduce(states) if self.config.low_layers else states
 
     def forward(
         self,
@@ -96,7 +112,8 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
 
     def reset(self) -> None:
         super().reset()
-        self.features = torch.zeros(0, self.net.config.hidden)  # target features, positions [feature_start, known)
+        width = len(self.net.config.layers_read) * self.net.config.hidden
+        self.features = torch.zeros(0, width)  # target states, positions [feature_start, known)
         self.feature_start = 0
         # Per layer (keys, values) of the head at cache_positions, those up to committed_cache from
         # target features; drafted positions are appended during propose and cut in observe.
@@ -133,7 +150,7 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
         start = max(int(self.cache_positions[-1]) + 1 if len(self.cache_positions) else 1, self.feature_start + 1)
         start = max(start, n - self.net.config.window + 1)
         positions = torch.arange(start, n + 1)
-        features = self.features[positions - 1 - self.feature_start]
+        features = self.net.target_features(self.features[positions - 1 - self.feature_start])
         embeds = self.shared.embed(torch.tensor([context[t] for t in positions.tolist()]))
         outputs = self._run(features, embeds, positions)
         # Position n's entry is redone next round too (its output is what drafting starts from).

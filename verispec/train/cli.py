@@ -48,6 +48,12 @@ def add_train_parser(commands: Any) -> None:
     net.add_argument("--layers", type=int, default=None, help="drafter layers (default: head 1, block 2)")
     net.add_argument("--block-size", type=int, default=8, help="block: anchor + masks (drafts = size - 1)")
     net.add_argument("--target-layers", type=int, default=4, help="block: evenly spaced target layers read")
+    net.add_argument(
+        "--feature-layers",
+        type=int,
+        default=1,
+        help="head: evenly spaced target layers fused into its feature (EAGLE-3; 1: the final state only)",
+    )
     net.add_argument("--draft-vocab", type=int, default=8192, help="most frequent response tokens it may draft")
     net.add_argument("--window", type=int, default=None, help="positions of context attended")
     net.add_argument("--intermediate", type=int, default=None, help="MLP width")
@@ -114,6 +120,7 @@ def run_train(args: argparse.Namespace) -> int:
         layers=args.layers,
         block_size=args.block_size,
         target_layers=args.target_layers,
+        feature_layers=args.feature_layers,
         draft_vocab=args.draft_vocab,
         window=args.window,
         intermediate=args.intermediate,

@@ -133,7 +133,7 @@ class HeadObjective(_Objective[HeadNet]):
         positions = first.unsqueeze(1) + torch.arange(self.span)  # (N, T) global
         valid = positions <= (end - 2).unsqueeze(1)  # a label x_{t+1} exists
         safe = torch.where(valid, positions, first.unsqueeze(1))
-        features = self._hidden()[safe - 1].to(torch.float32)  # h_{t-1}
+        features = self.net.target_features(self._hidden()[safe - 1].to(torch.float32))  # h_{t-1}
         embeds = self.shared.embed(corpus.tokens[safe])
         local = safe - corpus.starts[sequence].unsqueeze(1)
         in_response = local + 1 >= corpus.prompt_lengths[sequence].unsqueeze(1)

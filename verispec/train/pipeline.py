@@ -44,6 +44,7 @@ class NetSettings:
     layers: int | None = None
     block_size: int = 8
     target_layers: int = 4  # block: how many evenly spaced target layers it reads
+    feature_layers: int = 1  # head: evenly spaced target layers fused into its feature (1: the final state)
     draft_vocab: int = 8192
     window: int | None = None
     intermediate: int | None = None
@@ -71,7 +72,7 @@ class TrainSettings:
 
 # Settings added after weights were shipped: left out of the run key at their defaults, so
 # the runs that made those weights keep their key (and resume as they did).
-_LATER_SETTINGS = {"holdout": 0.0, "patience": 0, "score_k": 0, "score_tokens": score.EVAL_TOKENS}
+_LATER_SETTINGS = {"feature_layers": 1, "holdout": 0.0, "patience": 0, "score_k": 0, "score_tokens": score.EVAL_TOKENS}
 VALIDATION_BATCHES = 16  # batches of held-out items scored at every checkpoint
 
 
@@ -278,8 +279,8 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
         problems.append("--steps, --items, --span and --checkpoint-every must be >= 1")
     if net.block_size < 2:
         problems.append("--block-size must be >= 2 (the anchor and at least one mask)")
-    if net.draft_vocab < 1 or net.target_layers < 1 or (net.layers is not None and net.layers < 1):
-        problems.append("--draft-vocab, --target-layers and --layers must be >= 1")
+    if min(net.draft_vocab, net.target_layers, net.feature_layers) < 1 or (net.layers is not None and net.layers < 1):
+        problems.append("--draft-vocab, --target-layers, --feature-layers and --layers must be >= 1")
     if net.heads % net.kv_heads:
         problems.append(f"heads ({net.heads}) must be a multiple of kv heads ({net.kv_heads})")
     if not train.lr > 0:
@@ -377,7 +378,7 @@ def _objective(
 
 def _feature_layers(kind: str, net: NetSettings, num_layers: int) -> tuple[int, ...]:
     if kind == "head":
-        return (num_layers,)
+        return evenly_spaced_layers(num_layers, min(net.feature_layers, num_layers))
     return evenly_spaced_layers(num_layers, min(net.target_layers, num_layers))
 
 
@@ -413,8 +414,10 @@ def build_net(
     if settings.layers is not None:
         common["layers"] = settings.layers
     if kind == "head":
-        head_config = HeadConfig(feature_layer=layers[0], **common)
-        return HeadNet(head_config, vocab_ids), asdict(head_config)
+        head_config = HeadConfig(feature_layer=layers[-1], low_layers=layers[:-1], **common)
+        config = asdict(head_config)
+        config["low_layers"] = list(head_config.low_layers)
+        return HeadNet(head_config, vocab_ids), config
     block_config = BlockConfig(target_layers=layers, block_size=settings.block_size, **common)
     config = asdict(block_config)
     config["target_layers"] = list(block_config.target_layers)

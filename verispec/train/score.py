@@ -212,7 +212,7 @@ def _head_chains(
     # on (its first catch-up starts window - 1 positions before the prompt's last token).
     first = max(1, prompt_length - window)
     positions = torch.arange(first, length)
-    outputs, committed = net(features[positions - 1], shared.embed(tokens[positions]), positions)
+    outputs, committed = net(net.target_features(features[positions - 1]), shared.embed(tokens[positions]), positions)
     drafts = torch.full((len(anchors), k), NOT_DRAFTED, dtype=torch.long)
     alive = torch.arange(len(anchors))
     current = outputs[anchors - first]  # (A, D): the output at each anchor, as catch-up leaves it
