@@ -24,6 +24,7 @@ import secrets
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,27 +281,34 @@ class Engine:
             try:
                 result: Any = None
                 while True:
-                    try:
-                        work = steps.send(result)
-                    except StopIteration:
-                        break
-                    result = None
+                    with self.between_passes():  # never across a yield: the consumer's code is its own
+                        try:
+                            work = steps.send(result)
+                        except StopIteration:
+                            break
+                        result = None
+                        if isinstance(work, Verify):
+                            start = time.perf_counter()
+                            if work.parents is not None:
+                                logits = self.target.verify_tree(work.ids, work.parents)  # type: ignore[attr-defined]
+                            else:
+                                logits = self.target.verify(work.ids)
+                            result = (logits, time.perf_counter() - start, len(work.ids), 0)
                     if isinstance(work, str):
                         yield work
                     elif isinstance(work, Prefill):
                         for seconds in prefill_steps(self.target, work.ids):
                             request.stats.prefill_seconds += seconds
                             yield ""
-                    else:
-                        start = time.perf_counter()
-                        if work.parents is not None:
-                            logits = self.target.verify_tree(work.ids, work.parents)  # type: ignore[attr-defined]
-                        else:
-                            logits = self.target.verify(work.ids)
-                        result = (logits, time.perf_counter() - start, len(work.ids), 0)
             finally:
                 steps.close()
         stream.result = request.result
+
+    def between_passes(self) -> AbstractContextManager[Any]:
+        """The scope of a request's work between forward passes (drafting, sampling, the
+        rule): the target's own (``between_passes``, native: torch on one thread), else none."""
+        scope = getattr(self.target, "between_passes", None)
+        return scope() if scope is not None else nullcontext()
 
     def lifecycle(self, request: Request, target: Target, drafter: Drafter) -> Steps:
         """The request's coroutine on ``target`` (the engine's target, or one sequence of its

@@ -167,6 +167,10 @@ class Scheduler:
 
     def step(self) -> StepReport:
         """Advance every running request by one forward pass (see the module docstring)."""
+        with self.engine.between_passes():
+            return self._step()
+
+    def _step(self) -> StepReport:
         for running in list(self.running):
             if running.work is None and not running.finished:
                 self._advance(running, None)

@@ -274,3 +274,36 @@ def test_sequences_in_one_pass_on_the_fallback_paths_equal_each_alone(tiny_dir, 
     np.testing.assert_allclose(
         sequences[2].verify(more[2]), expected[2], rtol=0, atol=tolerance * np.abs(expected[2]).max()
     )
+
+
+def test_torch_runs_alone_between_passes_and_the_passes_keep_their_threads(native_engine):
+    """On the kernels, a request's work between passes (drafting here) runs with torch on one
+    thread, its passes on the threads the decoder loaded with, and torch's count is restored
+    after the request; the driving thread's count elsewhere is its own."""
+    from verispec.native import kernels
+
+    module = kernels.load()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        passes = module.pass_threads()
+        seen: list[tuple[int, int]] = []
+        drafter = native_engine.drafter("lookup")
+        propose = drafter.propose
+
+        def recording(context, k, rng):
+            seen.append((torch.get_num_threads(), module.pass_threads()))
+            return propose(context, k, rng)
+
+        drafter.propose = recording
+        native_engine.generate("ab ab ab ab ab", drafter=drafter, k=3, temperature=0, max_tokens=12)
+        assert seen and all(threads == (1, passes) for threads in seen), seen
+        assert torch.get_num_threads() == 2
+        with native_decoder.torch_alone_between_passes():
+            assert torch.get_num_threads() == 1
+            with native_decoder.torch_alone_between_passes():  # nested: still one, restored once
+                assert torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

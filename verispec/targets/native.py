@@ -30,6 +30,7 @@ import hashlib
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch
 
 from verispec.native import checkpoint as checkpoints
 from verispec.native import kernels
-from verispec.native.decoder import KernelDecoder, Segment, TorchDecoder
+from verispec.native.decoder import KernelDecoder, Segment, TorchDecoder, torch_alone_between_passes
 from verispec.targets.base import HiddenCapture, Logits, Pass, TargetError
 from verispec.targets.native_tree import TreeRound, checked_path, checked_tree, leaf_paths, path_ids
 
@@ -146,6 +147,11 @@ class NativeTarget:
     def path(self) -> str:
         """Which forward runs: "kernels" (C++) or "torch"."""
         return self.decoder.path
+
+    def between_passes(self) -> AbstractContextManager[None]:
+        """The scope the engine runs a request's work between passes in: torch on one thread
+        where the passes run in the kernels (see ``torch_alone_between_passes``)."""
+        return torch_alone_between_passes() if self.decoder.path == "kernels" else nullcontext()
 
     @property
     def description(self) -> str:

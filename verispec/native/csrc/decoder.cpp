@@ -179,10 +179,21 @@ static std::mutex pool_mutex_;
 
 static void forget_pool_in_child() { pool_ = nullptr; }  // its threads do not exist there
 
-// fn(b, e) over [begin, end) on torch's number of threads (at::get_num_threads), in chunks of
-// at least ``grain``; on the calling thread alone when the range is a single chunk.
+// The decoder's own thread count (set_threads; 0: torch's, at::get_num_threads). Its own so
+// that the engine can run torch single-threaded between passes (a drafter's small ops gain
+// nothing from a second thread, and an OpenMP worker spinning after them holds the core this
+// pool's next loop needs) while the passes keep every thread.
+static std::atomic<int> threads_setting_{0};
+static void set_threads(int threads) { threads_setting_.store(std::max(0, threads)); }
+static int64_t pass_threads() {
+  const int setting = threads_setting_.load();
+  return setting > 0 ? setting : at::get_num_threads();
+}
+
+// fn(b, e) over [begin, end) on pass_threads() threads, in chunks of at least ``grain``; on
+// the calling thread alone when the range is a single chunk.
 static void parallel_for(int64_t begin, int64_t end, int64_t grain, const Pool::Body& fn) {
-  const int64_t n = end - begin, threads = at::get_num_threads();
+  const int64_t n = end - begin, threads = pass_threads();
   if (n <= 0) return;
   if (threads <= 1 || n <= grain || Pool::inside()) return fn(begin, end);
   // Several chunks a thread, so that a thread that ran late leaves its share to the others.
@@ -1023,7 +1034,7 @@ class Decoder {
     if (segs.size() == 1 && segs[0].parent_row != nullptr) return attention_tree(qkv, segs[0], layer, out);
 #ifdef VS_AVX2
     if (D % 8 == 0) {
-      if (M * heads_ >= 16 * at::get_num_threads())
+      if (M * heads_ >= 16 * pass_threads())
         attention_groups<4>(qkv, segs, layer, out);
       else
         attention_groups<1>(qkv, segs, layer, out);
@@ -1306,6 +1317,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_matrix", &vs::make_matrix, py::arg("format"), py::arg("rows"), py::arg("cols"), py::arg("data"),
         py::arg("scale") = py::none(), py::arg("minimum") = py::none(), py::arg("bias") = py::none());
   m.def("apply", &vs::Decoder::apply, "y = x W^T", py::call_guard<py::gil_scoped_release>());
+  m.def("set_threads", &vs::set_threads, "threads of every pass (0: torch's count)", py::arg("threads"));
+  m.def("pass_threads", &vs::pass_threads, "threads a pass runs on");
   py::class_<vs::Decoder>(m, "Decoder")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, int64_t>(),
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
