@@ -307,3 +307,22 @@ def test_torch_runs_alone_between_passes_and_the_passes_keep_their_threads(nativ
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_draft_head_is_the_lm_heads_own_rows(tiny_dir):
+    """A trained drafter's logits on the kernels (``draft_head``): the LM head's rows of its
+    draft vocabulary as stored, so on the target's own final state they are, bit for bit,
+    those entries of the target's logits; and a row's result does not depend on its batch."""
+    target = NativeTarget("dir", tiny_dir)
+    vocab_ids = torch.tensor([3, 7, 8, 20, 41])
+    head = target.draft_head(vocab_ids)
+    target.capture_hidden(HiddenCapture((target.num_layers,), prefill_rows=4))
+    target.prefill(PROMPT)
+    logits = target.verify(CONTINUATION[:3])
+    states = target.last_hidden.to(torch.float32)  # (3, D): the final normed states of the 3 rows
+    drafted = head(states)
+    assert torch.equal(drafted, torch.from_numpy(np.asarray(logits, dtype=np.float32))[:, vocab_ids])
+    assert all(torch.equal(head(states[i : i + 1])[0], drafted[i]) for i in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torch path's rows differ here: it says so
+        assert NativeTarget("dir", tiny_dir, torch_path=True).draft_head(vocab_ids) is None

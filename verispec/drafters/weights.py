@@ -163,4 +163,7 @@ def load_net(
         net.load_state_dict(state)
     except RuntimeError as error:
         raise DrafterError(f"{directory}: the weights do not fit the {kind} config: {error}") from error
-    return net, SharedTarget(target.token_embeddings(), target.lm_head_weight(), state["vocab_ids"])
+    vocab_ids = state["vocab_ids"]
+    draft_head = getattr(target, "draft_head", None)  # the target's own kernels, where it has them
+    head = draft_head(vocab_ids) if draft_head is not None else None
+    return net, SharedTarget(target.token_embeddings(), target.lm_head_weight(), vocab_ids, head)

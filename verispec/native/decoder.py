@@ -145,6 +145,10 @@ class KernelDecoder:
         head = embed if checkpoint.head is checkpoint.embed else self._matrix(checkpoint.head)
         self._decoder.set_output(embed, torch.from_numpy(checkpoint.norm), head)
 
+    def matrix(self, weights: formats.Weights) -> Any:
+        """``weights`` as a kernels matrix, for ``apply`` beside the decoder's own."""
+        return self._matrix(weights)
+
     def _matrix(self, weights: formats.Weights, bias: np.ndarray | None = None) -> Any:
         packed = {name: torch.from_numpy(array) for name, array in weights.pack().items()}
         return self._kernels.make_matrix(

@@ -81,13 +81,15 @@ class Weights:
         return (self.scale[..., None] * codes + self.minimum[..., None]).reshape(self.rows, self.cols)
 
     def take_rows(self, order: np.ndarray) -> Weights:
-        """The matrix with its rows reordered (blocks run along rows, so this is exact)."""
+        """The matrix of the rows ``order`` picks, in that order (a permutation or a subset;
+        blocks run along rows, so this is exact)."""
 
         def pick(array: np.ndarray | None) -> np.ndarray | None:
             return None if array is None else np.ascontiguousarray(array[order])
 
         return replace(
             self,
+            rows=len(order),
             codes=pick(self.codes),
             scale=pick(self.scale),
             minimum=pick(self.minimum),

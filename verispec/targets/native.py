@@ -475,6 +475,18 @@ class NativeTarget:
             self._head = torch.from_numpy(self.checkpoint.head.dequantize())
         return self._head
 
+    def draft_head(self, vocab_ids: torch.Tensor) -> Any:
+        """The LM head's rows ``vocab_ids`` (N,) as the file stores them, as a product
+        (M, D) float32 -> (M, N) float32 in the kernels (a trained drafter's logits; see
+        ``SharedTarget``); None on the torch path."""
+        if self.decoder.path != "kernels":
+            return None
+        module = kernels.load()
+        assert module is not None  # the kernels path runs on them
+        rows = self.checkpoint.head.take_rows(vocab_ids.numpy().astype(np.int64))
+        matrix = self.decoder.matrix(rows)  # type: ignore[union-attr]
+        return lambda x: module.apply(matrix, x)
+
     def weights_fingerprint(self) -> str:
         """The torch backend's fingerprint of the same checkpoint (trained drafters record it):
         SHA-256 over transformers' parameter names, shapes and values rounded to bf16."""
@@ -539,6 +551,9 @@ class NativeSequence:
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.owner.lm_head_weight()
+
+    def draft_head(self, vocab_ids: torch.Tensor) -> Any:
+        return self.owner.draft_head(vocab_ids)
 
     def weights_fingerprint(self) -> str:
         return self.owner.weights_fingerprint()
