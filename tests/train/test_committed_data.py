@@ -1,0 +1,54 @@
+"""The training data committed in ``data/train`` (grown by ``verispec train-data grow``, kept in
+the repository so that later sessions grow it instead of starting over): complete shards of
+the embedded model's weights, every prompt free of the Spec-Bench dev prompts' eight-word runs
+(the benchmark never enters training data), and answers of the tokens recorded."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.train.overlap import shingles, spec_bench_shingles
+from verispec.train.shards import DataDir
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "train"
+EMBEDDED_WEIGHTS = "6f4bd9280ccfc81a646d45118db929b7ea839fdb24f8bf72bdc4edcb1c20ef4e"  # smollm2-135m-instruct
+
+
+def directories() -> list[Path]:
+    return sorted(p for p in DATA.iterdir() if (p / "target.json").is_file())
+
+
+def test_there_is_committed_data():
+    assert [p.name for p in directories()] == ["smollm2-t0"]
+
+
+@pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
+def test_committed_shards_are_whole_and_of_the_embedded_model(root):
+    data = DataDir(root, EMBEDDED_WEIGHTS)  # refuses another target's directory
+    shards = data.shards()
+    assert shards, root
+    numbers = [info.number for info in shards]
+    assert numbers == list(range(len(shards)))  # none missing
+    stems = {p.name.split(".")[0] for p in data.shard_dir.iterdir()}
+    assert stems == {f"{n:06d}" for n in numbers}  # no partial shard left behind
+    for info in shards:
+        corpus = data.load(info)
+        assert len(corpus.lengths) == len(info.ids) == len(data.messages(info))
+        assert corpus.response_tokens == info.response_tokens
+        assert len(set(info.ids)) == len(info.ids)
+
+
+@pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
+def test_no_committed_prompt_copies_the_dev_prompts(root):
+    bench = spec_bench_shingles()
+    data = DataDir(root)
+    checked = 0
+    for info in data.shards():
+        for messages in data.messages(info):
+            text = "\n".join(m["content"] for m in messages if m["role"] == "user")
+            shared = shingles(text) & bench
+            assert not shared, (info.number, sorted(shared)[:3])
+            checked += 1
+    assert checked > 1000
+    assert json.loads((root / "target.json").read_text())["weights_sha256"] == EMBEDDED_WEIGHTS
