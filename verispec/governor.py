@@ -9,7 +9,9 @@ decoding yields 1 token per ``r(1)``. Before each round the governor picks the k
 
 When nothing pays it decodes plainly for a back-off period, then probes with a small k; the
 period doubles each time a probe still does not pay and resets when one does, so a workload
-that changes mid-request is noticed at a cost bounded by the probes. A probe counts only
+that changes mid-request is noticed at a cost bounded by the probes. The periods are priced
+too: a dear probe (a trained head's, ~2.5 plain steps here) waits longer, so that probes cost
+at most a few percent of plain decoding whatever the drafter. A probe counts only
 when the drafter offers something: a round it leaves empty is a plain step and examined
 nothing, so the probe waits for the next round.
 
@@ -97,6 +99,11 @@ FIRST_BACKOFF = 4  # plain rounds before the first re-probe
 # a cheap one re-probes often enough to catch output that starts repeating mid-request.
 MAX_BACKOFF = 16
 PROBE_BUDGET = 0.01
+# The first back-off of a request, and the one after a drafted round, is FIRST_BACKOFF or
+# longer where a probe is dear: the first probes cost <= FIRST_PROBE_BUDGET of the plain steps
+# before them. A trained head on 2 AVX2 cores probes at ~2.5 plain steps; with a back-off of 4
+# its probes alone held `--k auto` at 0.85x of plain (7% of rounds were probes).
+FIRST_PROBE_BUDGET = 0.05
 # Probes draft two tokens: a probe is also the only time a position beyond the k in use is
 # examined again, and with k = 1 probes an early low estimate at position 2 held the governor
 # at k <= 1 where a fixed k = 2 paid (math_reasoning: 1.13 tokens per round against 1.57).
@@ -109,8 +116,9 @@ SHADOW_MAX_COST = 0.02
 # estimate at position 1 starts as a running mean with the prior as one observation (0.5,
 # 0.25, 0.17, 0.125, 0.1), then falls by a factor 1 - ACCEPT_EMA = 0.8 a round, and stops
 # paying below MIN_GAIN - 1 = 0.03: after at most 10 drafted rounds. Then probes come after
-# 4, 8, 16, 16, ... plain rounds: 6 within the first 100 tokens. 10 + 6 = 16. With shadow
-# drafting there are no probes, and the shadows keep position 1's estimate at zero.
+# 4, 8, 16, 16, ... plain rounds (later where probes are dear): at most 6 within the first 100
+# tokens. 10 + 6 = 16. With shadow drafting there are no probes, and the shadows keep position
+# 1's estimate at zero.
 # (With an engine's acceptance memory a later request starts known-wrong: no drafted rounds.)
 ALWAYS_WRONG_BOUND = 16
 # Weight of the newest request's acceptance in the memory the next one starts from: about
@@ -303,7 +311,7 @@ class Governor:
         # A source not seen yet starts where the memory's pooled estimate (key None) does.
         self._default_start = tuple(starts.get(None, ()))
         self.current: Source = None  # the source of the round being decided
-        self.backoff = FIRST_BACKOFF
+        self.backoff = self.first_backoff()
         self.plain_left = 0  # plain rounds left in the current back-off
         self.probing = False
         self.last_was_probe = False
@@ -370,7 +378,7 @@ class Governor:
             if self.plain_left == 0:
                 self.probing = True
         elif decision.k > 0:
-            self.backoff = FIRST_BACKOFF
+            self.backoff = self.first_backoff()
         return decision
 
     def tree(self, parents: Sequence[int], frequencies: Sequence[float], source: Source = None) -> TreeChoice:
@@ -428,10 +436,17 @@ class Governor:
             self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
             self.costs.observe_draft(offered, draft_seconds)
 
+    def probe_extra_steps(self) -> float:
+        """What a probe costs beyond the plain step it replaces, in plain steps."""
+        return self.costs.round_steps(min(PROBE_K, self.k_max)) - 1.0 if self.k_max > 0 else 0.0
+
+    def first_backoff(self) -> int:
+        """FIRST_BACKOFF, or longer where a probe is dear: <= FIRST_PROBE_BUDGET of plain."""
+        return max(FIRST_BACKOFF, math.ceil(self.probe_extra_steps() / FIRST_PROBE_BUDGET))
+
     def longest_backoff(self) -> int:
         """MAX_BACKOFF, or longer where a probe is dear: probes cost <= PROBE_BUDGET of plain."""
-        extra = self.costs.round_steps(min(PROBE_K, self.k_max)) - 1.0
-        return max(MAX_BACKOFF, math.ceil(extra / PROBE_BUDGET))
+        return max(MAX_BACKOFF, self.first_backoff(), math.ceil(self.probe_extra_steps() / PROBE_BUDGET))
 
     def observe(
         self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float, rows: int | None = None
@@ -445,9 +460,10 @@ class Governor:
             self.probes -= 1
             self.probing = True
             self.last_was_probe = False
+        # A probe's hits reset the back-off only through the next decision: if they make
+        # drafting pay, that round drafts (``next_k``). A drafter right half the time that
+        # still does not pay hits in most probes; resetting on any hit probed it every 4 rounds.
         weight = PROBE_EMA if self.last_was_probe else ACCEPT_EMA
-        if self.last_was_probe and accepted > 0:
-            self.backoff = FIRST_BACKOFF  # the workload may have changed: look again soon
         self.last_was_probe = False
         # Positions up to the first rejection were examined; later ones never were.
         estimates = self.estimates(self.current)

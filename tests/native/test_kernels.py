@@ -107,3 +107,25 @@ def test_two_checkouts_of_one_source_build_in_separate_folders(tmp_path, monkeyp
     copy.write_bytes(kernels.SOURCE.read_bytes())
     monkeypatch.setattr(kernels, "SOURCE", copy)
     assert kernels.build_key() != here
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 8, 9, 12])
+def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
+    # Passes of 2 to 4 rows take another kernel than a single row where the CPU has VNNI (a
+    # transposed tile, one horizontal add a row; 8-bit codes biased to unsigned), and 8 rows
+    # the lanes kernel: every row must still equal its single-row result bit for bit. The
+    # 8-bit weights include the code -128, whose magnitude does not fit a signed byte.
+    values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
+    raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
+    if name == "Q8_0":
+        raw.reshape(36, 3, 34)[:, :, 2:6] = 0x80  # the first 4 codes of every block: -128
+    weights = formats.from_ggml(raw, GGML[name], 36, 96)
+    m = matrix(ext, weights)
+    x = torch.from_numpy(RNG.standard_normal((count, 96)).astype(np.float32) * 3)
+    whole = ext.apply(m, x)
+    for r in range(count):
+        assert torch.equal(ext.apply(m, x[r : r + 1].contiguous()), whole[r : r + 1]), f"row {r} of {count}"
+    inputs = quantised_activations(x.numpy())
+    expected = inputs.astype(np.float64) @ weights.dequantize().astype(np.float64).T
+    assert np.abs(whole.numpy() - expected).max() / np.abs(expected).max() < 1e-5

@@ -20,7 +20,8 @@ def directories() -> list[Path]:
 
 
 def test_there_is_committed_data():
-    assert [p.name for p in directories()] == ["smollm2-t0"]
+    # Greedy answers, and answers sampled at T = 1 (for drafters that serve sampled requests).
+    assert [p.name for p in directories()] == ["smollm2-t0", "smollm2-t1"]
 
 
 @pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
@@ -37,6 +38,7 @@ def test_committed_shards_are_whole_and_of_the_embedded_model(root):
         assert len(corpus.lengths) == len(info.ids) == len(data.messages(info))
         assert corpus.response_tokens == info.response_tokens
         assert len(set(info.ids)) == len(info.ids)
+        assert info.settings["temperature"] == float(root.name.rsplit("-t", 1)[1])  # as the name says
 
 
 @pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)

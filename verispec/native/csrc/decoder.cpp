@@ -46,6 +46,14 @@
 #else
 #define VS_DOT4(w, x, ones) _mm256_madd_epi16(_mm256_maddubs_epi16((w), (x)), (ones))
 #endif
+// acc + sums of 4 products u8 x s8 per int32 lane, in one instruction (the VNNI kernels).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VS_VNNI 1
+#define VS_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define VS_VNNI 1
+#define VS_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#endif
 #endif
 
 namespace vs {
@@ -394,6 +402,8 @@ struct QuantRows {
   // 8 groups of 4 activations x 8 rows x 4 bytes, and the rows' d and s side by side.
   std::vector<int8_t> q8;
   std::vector<float> d8, s8;
+  // q + 128 as unsigned bytes (q ^ 0x80; q is never -128), for tile_quant_vnni on 8-bit weights.
+  std::vector<uint8_t> biased;
 };
 
 constexpr int64_t LANES = 8;  // rows per group in the lanes kernel
@@ -477,30 +487,65 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out) 
 // integer sums are gathered with horizontal adds before the conversion to float, so the
 // float work per block is one convert, one multiply and one fused multiply-add per 4
 // outputs. Q4 adds m_w * s_x per block (summed in block order, after the products).
+#ifdef VS_AVX2
+// A block's 16 bytes of 4-bit codes as 32 code bytes: low nibbles (weights 0..15), then high
+// nibbles (weights 16..31). One broadcast load and a shift of the upper half: no shuffle-port
+// instruction, the bound of the one-row kernel.
+static inline __m256i unpack_q4_block(const uint8_t* raw) {
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)raw));
+  return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+
+// The 4 outputs' weights of block b of tile t: 4-bit codes unpacked to bytes, or 8-bit codes.
+template <bool Q4BLOCKS>
+static inline void load_tile_block(const Matrix& w, int64_t t, int64_t b, __m256i* wv) {
+  const int64_t B = w.blocks();
+  for (int j = 0; j < TILE; j++) {
+    if (Q4BLOCKS)
+      wv[j] = unpack_q4_block((const uint8_t*)w.raw + ((t * B + b) * TILE + j) * (QK / 2));
+    else
+      wv[j] = _mm256_loadu_si256((const __m256i*)((const int8_t*)w.raw + ((t * B + b) * TILE + j) * QK));
+  }
+}
+#endif
+
+// A quantised tile's last step: Q4 adds the sum over blocks of m_w * s_x per output (in block
+// order, after the products), then the valid outputs are stored.
+template <int R, bool Q4BLOCKS>
+static void finish_tile(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float (*out)[TILE], float* y,
+                        int64_t ldy) {
+  if (Q4BLOCKS) {
+    const int64_t B = w.blocks();
+    const float* Mn = w.m + t * B * TILE;
+    const float* SX = xq.s.data() + r0 * B;
+    for (int r = 0; r < R; r++) {
+      float minimum[TILE] = {0, 0, 0, 0};
+      for (int64_t b = 0; b < B; b++)
+        for (int j = 0; j < TILE; j++) minimum[j] = std::fma(Mn[b * TILE + j], SX[r * B + b], minimum[j]);
+      for (int j = 0; j < TILE; j++) out[r][j] += minimum[j];
+    }
+  }
+  const int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
+}
+
 template <int R, bool Q4BLOCKS>
 static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
   const float* D = w.d + t * B * TILE;
-  const uint8_t* C4 = (const uint8_t*)w.raw;
-  const int8_t* C8 = (const int8_t*)w.raw;
+  [[maybe_unused]] const uint8_t* C4 = (const uint8_t*)w.raw;
+  [[maybe_unused]] const int8_t* C8 = (const int8_t*)w.raw;
   const int8_t* X = xq.q.data() + r0 * K;
   const float* DX = xq.d.data() + r0 * B;
-  const float* SX = xq.s.data() + r0 * B;
   float out[R][TILE];
 #ifdef VS_AVX2
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; b++) {
-    __m256i wv[TILE];
-    for (int j = 0; j < TILE; j++) {
-      if (Q4BLOCKS) {
-        const __m128i raw = _mm_loadu_si128((const __m128i*)(C4 + ((t * B + b) * TILE + j) * (QK / 2)));
-        wv[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-      } else {  // |w| as unsigned bytes; the sign moves onto x below
-        wv[j] = _mm256_loadu_si256((const __m256i*)(C8 + ((t * B + b) * TILE + j) * QK));
-      }
-    }
+    __m256i wv[TILE];  // 8-bit: signed codes (|w| as unsigned bytes below, the sign moving onto x)
+    load_tile_block<Q4BLOCKS>(w, t, b, wv);
     const __m256 d8 = _mm256_broadcast_ps((const __m128*)(D + b * TILE));  // d_w of outputs 0..3, twice
     for (int r = 0; r < R; r++) {
       const __m256i xv = _mm256_loadu_si256((const __m256i*)(X + r * K + b * QK));
@@ -558,19 +603,78 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
       out[r][j] = halves[0] + halves[1];
     }
 #endif
-  if (Q4BLOCKS) {  // + sum over blocks of m_w * s_x, per output, in block order
-    const float* Mn = w.m + t * B * TILE;
+  finish_tile<R, Q4BLOCKS>(w, t, xq, r0, out, y, ldy);
+}
+
+#ifdef VS_VNNI
+// 2 to 4 rows times one tile on VNNI: the same integers, products and sums per (row, output)
+// as tile_quant, hence the same results bit for bit, with fewer instructions per row.
+// tile_quant reduces each row's 4 per-output vectors with three horizontal adds (six
+// shuffle-port operations per row and block: the bound once rows share a tile). Here the
+// tile's weights are transposed once per block by 8-byte groups: vector g holds bytes
+// 8g..8g+7 of each of the 4 outputs, so one dpbusd against a row's 8 activations 8g..8g+7,
+// broadcast to every quarter, serves all 4 outputs, and one horizontal add per row gathers
+// the lanes into [o0h0 o1h0 o0h1 o1h1 | o2h0 o3h0 o2h1 o3h1] (o: output, h: half block).
+// 8-bit weights are signed, and dpbusd multiplies unsigned by signed bytes: the row's codes
+// go in as q + 128 and 128 times the weights' sums (per output and half) come off again,
+// exactly, in integers.
+template <int R, bool Q4BLOCKS>
+static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+  const int64_t B = w.blocks(), K = w.cols;
+  const float* D = w.d + t * B * TILE;
+  const int8_t* X = xq.q.data() + r0 * K;
+  const uint8_t* XB = Q4BLOCKS ? nullptr : xq.biased.data() + r0 * K;
+  const float* DX = xq.d.data() + r0 * B;
+  const __m256i pairs = _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3);
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
+  __m256 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < B; b++) {
+    __m256i wv[TILE];
+    load_tile_block<Q4BLOCKS>(w, t, b, wv);
+    // 4 x 4 transpose of 8-byte groups: v[g] = group g of outputs 0, 1, 2, 3.
+    const __m256i lo01 = _mm256_unpacklo_epi64(wv[0], wv[1]), hi01 = _mm256_unpackhi_epi64(wv[0], wv[1]);
+    const __m256i lo23 = _mm256_unpacklo_epi64(wv[2], wv[3]), hi23 = _mm256_unpackhi_epi64(wv[2], wv[3]);
+    const __m256i v[4] = {_mm256_permute2x128_si256(lo01, lo23, 0x20), _mm256_permute2x128_si256(hi01, hi23, 0x20),
+                          _mm256_permute2x128_si256(lo01, lo23, 0x31), _mm256_permute2x128_si256(hi01, hi23, 0x31)};
+    __m256i offset = _mm256_setzero_si256();  // 128 x the weights' sums, 8-bit weights only
+    if (!Q4BLOCKS) {
+      const __m256i z = _mm256_setzero_si256();
+      offset = _mm256_hadd_epi32(VS_DPBUSD(VS_DPBUSD(z, bias, v[0]), bias, v[1]),
+                                 VS_DPBUSD(VS_DPBUSD(z, bias, v[2]), bias, v[3]));
+    }
+    // d_w in the lanes' order
+    const __m256 dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(D + b * TILE)), pairs);
     for (int r = 0; r < R; r++) {
-      float minimum[TILE] = {0, 0, 0, 0};
-      for (int64_t b = 0; b < B; b++)
-        for (int j = 0; j < TILE; j++) minimum[j] = std::fma(Mn[b * TILE + j], SX[r * B + b], minimum[j]);
-      for (int j = 0; j < TILE; j++) out[r][j] += minimum[j];
+      __m256i half[2];
+      for (int h = 0; h < 2; h++) {
+        __m256i x0, x1;
+        int64_t g0, g1;
+        if (Q4BLOCKS) {
+          std::memcpy(&g0, X + r * K + b * QK + 16 * h, 8), std::memcpy(&g1, X + r * K + b * QK + 16 * h + 8, 8);
+          x0 = _mm256_set1_epi64x(g0), x1 = _mm256_set1_epi64x(g1);
+          half[h] = VS_DPBUSD(VS_DPBUSD(_mm256_setzero_si256(), v[2 * h], x0), v[2 * h + 1], x1);
+        } else {
+          std::memcpy(&g0, XB + r * K + b * QK + 16 * h, 8), std::memcpy(&g1, XB + r * K + b * QK + 16 * h + 8, 8);
+          x0 = _mm256_set1_epi64x(g0), x1 = _mm256_set1_epi64x(g1);
+          half[h] = VS_DPBUSD(VS_DPBUSD(_mm256_setzero_si256(), x0, v[2 * h]), x1, v[2 * h + 1]);
+        }
+      }
+      const __m256i sums = _mm256_sub_epi32(_mm256_hadd_epi32(half[0], half[1]), offset);
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(DX + r * B + b));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
     }
   }
-  int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
-  for (int r = 0; r < R; r++)
-    for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
+  float out[R][TILE];
+  for (int r = 0; r < R; r++) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc[r]);
+    out[r][0] = lanes[0] + lanes[2], out[r][1] = lanes[1] + lanes[3];
+    out[r][2] = lanes[4] + lanes[6], out[r][3] = lanes[5] + lanes[7];
+  }
+  finish_tile<R, Q4BLOCKS>(w, t, xq, r0, out, y, ldy);
 }
+#endif
 
 #ifdef VS_AVX2
 // Q4 times 8 rows at once, the rows in the 8 lanes of a vector: the same arithmetic per
@@ -590,7 +694,7 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
   const int8_t* X = xq.q8.data() + grp * B * QK * LANES;
   const float* DX = xq.d8.data() + grp * B * LANES;
   const float* SX = xq.s8.data() + grp * B * LANES;
-  const __m256i ones = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float out[TILE][LANES];
   for (int j0 = 0; j0 < TILE; j0 += 2) {
     __m256 acc[2][2], minimum[2];
@@ -603,16 +707,26 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
         for (int j = 0; j < 2; j++) {
           int32_t four;
           std::memcpy(&four, codes + ((j0 + j) * B + b) * QK + 4 * g, 4);
+#ifdef VS_VNNI  // the same integers, summed in 32 bits in one instruction
+          sums[j][g / 4] = VS_DPBUSD(sums[j][g / 4], _mm256_set1_epi32(four), xv);
+#else
           const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(four), xv);
           sums[j][g / 4] = _mm256_add_epi16(sums[j][g / 4], p);
+#endif
         }
       }
       const __m256 dx = _mm256_loadu_ps(DX + b * LANES);
       const __m256 sx = _mm256_loadu_ps(SX + b * LANES);
       for (int j = 0; j < 2; j++) {
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(D[b * TILE + j0 + j]), dx);
-        for (int h = 0; h < 2; h++)
-          acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums[j][h], ones)), scale, acc[j][h]);
+        for (int h = 0; h < 2; h++) {
+#ifdef VS_VNNI
+          const __m256i wide = sums[j][h];
+#else
+          const __m256i wide = _mm256_madd_epi16(sums[j][h], ones);
+#endif
+          acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), scale, acc[j][h]);
+        }
         minimum[j] = _mm256_fmadd_ps(_mm256_set1_ps(Mn[b * TILE + j0 + j]), sx, minimum[j]);
       }
     }
@@ -629,8 +743,7 @@ static void unpack_q4_tile(const Matrix& w, int64_t t, uint8_t* codes) {
   const int64_t B = w.blocks();
   for (int64_t j = 0; j < TILE; j++)
     for (int64_t b = 0; b < B; b++) {
-      const __m128i raw = _mm_loadu_si128((const __m128i*)((const uint8_t*)w.raw + ((t * B + b) * TILE + j) * (QK / 2)));
-      const __m256i both = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+      const __m256i both = unpack_q4_block((const uint8_t*)w.raw + ((t * B + b) * TILE + j) * (QK / 2));
       _mm256_storeu_si256((__m256i*)(codes + (j * B + b) * QK), both);
     }
 }
@@ -685,6 +798,10 @@ static void tile_float(const Matrix& w, int64_t t, const float* x, int64_t r0, f
 template <int R>
 static void run_tile(const Matrix& w, int64_t t, const float* x, const QuantRows& xq, int64_t r0, float* y,
                      int64_t ldy) {
+#ifdef VS_VNNI
+  if (R >= 2 && w.format == Q4) return tile_quant_vnni<R, true>(w, t, xq, r0, y, ldy);
+  if (R >= 2 && w.format == Q8_0) return tile_quant_vnni<R, false>(w, t, xq, r0, y, ldy);
+#endif
   switch (w.format) {
     case Q4: tile_quant<R, true>(w, t, xq, r0, y, ldy); break;
     case Q8_0: tile_quant<R, false>(w, t, xq, r0, y, ldy); break;
@@ -701,6 +818,12 @@ constexpr int64_t MIN_PARALLEL_WORK = 1 << 16;
 // y[M, ldy] (first w.rows columns) = x[M, K] W^T (+ bias). Threads split the output tiles.
 static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t ldy, QuantRows& scratch) {
   if (w.quantized()) quantize_rows(x, M, w.cols, scratch);
+#ifdef VS_VNNI
+  if (w.format == Q8_0 && M >= 2) {
+    scratch.biased.resize(M * w.cols);
+    for (int64_t i = 0; i < M * w.cols; i++) scratch.biased[i] = (uint8_t)scratch.q[i] ^ 0x80;
+  }
+#endif
 #ifdef VS_AVX2
   const int64_t groups = w.format == Q4 ? M / LANES : 0;  // rows in the lanes kernel: 8 at a time
   if (groups > 0) pack_lanes(scratch, groups, w.cols);
