@@ -240,3 +240,19 @@ def test_by_default_drafts_are_no_longer_than_the_match_and_score_at_least_0_3()
     assert proposal(drafter, [5, 7, 8, 1, 2, 3], 8).tokens == [10]
     with pytest.raises(DrafterError):
         SuffixDrafter(spec_factor=0.0)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    store=st.lists(st.integers(-1, 3), min_size=1, max_size=60),
+    context=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    picks=st.lists(st.integers(0, 60), min_size=0, max_size=30),
+    limit=st.integers(1, 70),
+)
+def test_few_and_many_positions_get_the_same_match_lengths(store, context, picks, limit):
+    tokens = np.asarray(store, dtype=np.int64)
+    positions = np.asarray([p for p in picks if p <= len(store)], dtype=np.int64)
+    tail = np.asarray(context, dtype=np.int64)
+    few = suffix._few_match_lengths(tokens, positions, tail, limit)
+    many = suffix._many_match_lengths(tokens, positions, tail, limit)
+    assert few.tolist() == many.tolist()

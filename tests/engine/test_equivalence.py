@@ -27,11 +27,16 @@ def test_greedy_speculative_equals_plain(either_engine, drafter, k):
     # suffix without its cross-request cache here: with it, these prompts' earlier runs make
     # every draft right (the next test), and the mix of kept and rejected drafts is wanted.
     chosen = either_engine.drafter("suffix", suffix_cache_tokens=0) if drafter == "suffix" else drafter
-    for prompt in PROMPTS:
-        result = either_engine.generate(prompt, drafter=chosen, k=k, temperature=0, max_tokens=MAX_TOKENS)
-        assert result.token_ids == plain_output(either_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
-        offered += result.stats.offered
-        accepted += result.stats.accepted
+    # A draft model costs the governor about a step a token here (the tiny target drafting
+    # for itself): priced as a small draft model is next to a real target, so that it drafts.
+    with drafter_prices(either_engine, drafter) as set_costs:
+        if drafter == "model":
+            set_costs(0.2)
+        for prompt in PROMPTS:
+            result = either_engine.generate(prompt, drafter=chosen, k=k, temperature=0, max_tokens=MAX_TOKENS)
+            assert result.token_ids == plain_output(either_engine, prompt), f"{drafter} k={k} diverged on {prompt!r}"
+            offered += result.stats.offered
+            accepted += result.stats.accepted
     if drafter != "none":  # drafts were offered, also under the governor ("abc abc ..." repeats)
         assert offered > 0, (offered, accepted)
     if drafter != "none" and k != "auto":  # the comparison exercised both kept and rejected drafts

@@ -254,8 +254,35 @@ class Walk:
 
 def match_lengths(store: NDArray[np.int64], positions: Positions, context: NDArray[np.int64], limit: int) -> Positions:
     """For each position, how many of ``context``'s last tokens equal the tokens right
-    before it in ``store`` (at most ``limit``); separators never match. Compared in blocks of
-    ``MATCH_BLOCK`` tokens, the candidates still matching carried to the next block."""
+    before it in ``store`` (at most ``limit``); separators never match. A few positions (the
+    usual case) are compared in Python, many with NumPy: the same lengths (tested)."""
+    if positions.shape[0] <= FEW_OCCURRENCES:
+        return _few_match_lengths(store, positions, context, limit)
+    return _many_match_lengths(store, positions, context, limit)
+
+
+def _few_match_lengths(
+    store: NDArray[np.int64], positions: Positions, context: NDArray[np.int64], limit: int
+) -> Positions:
+    limit = min(limit, context.shape[0])
+    tail = context[context.shape[0] - limit :].tolist()[::-1]  # the context backwards
+    lengths = []
+    for p in positions.tolist():
+        before = store[max(0, p - limit) : p].tolist()[::-1]  # the store backwards from p
+        n = 0
+        for a, b in zip(before, tail, strict=False):  # the shorter one bounds the match
+            if a != b:
+                break
+            n += 1
+        lengths.append(n)
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def _many_match_lengths(
+    store: NDArray[np.int64], positions: Positions, context: NDArray[np.int64], limit: int
+) -> Positions:
+    """Compared in blocks of ``MATCH_BLOCK`` tokens, the candidates still matching carried to
+    the next block."""
     lengths = np.zeros(positions.shape[0], dtype=np.int64)
     alive = np.arange(positions.shape[0])
     limit = min(limit, context.shape[0])
