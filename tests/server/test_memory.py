@@ -66,8 +66,11 @@ def test_long_prompts_leave_the_resident_size_bounded(tmp_path, backend):
             f"{after_first / MiB:.0f}, after three more {[round(s / MiB) for s in sizes]}"
         )
         assert after_first <= short + STEP
-        # A leak grows with every prompt, so the median of three shows it; a one-off spike of the
-        # allocator under a busy suite (50 MB once in CI beside other tests; 9 MB alone) does not.
-        assert sorted(sizes)[1] <= after_first + SLACK
+        # A leak grows with every prompt (a 2,500-token prompt's cache alone is ~100 MB on torch),
+        # so the median of three shows it; a one-off spike of the allocator under a busy suite
+        # (50 MB once in CI beside other tests; 9 MB alone) does not. Measured from the higher of
+        # the two sizes before: the allocator may hand memory back after the first long prompt
+        # (torch once: 1,102 MiB, then 1,057, then 1,071-1,085).
+        assert sorted(sizes)[1] <= max(short, after_first) + SLACK
     finally:
         assert server.terminate() == 0
