@@ -446,7 +446,7 @@ class Governor:
 
     def longest_backoff(self) -> int:
         """MAX_BACKOFF, or longer where a probe is dear: probes cost <= PROBE_BUDGET of plain."""
-        return max(MAX_BACKOFF, self.first_backoff(), math.ceil(self.probe_extra_steps() / PROBE_BUDGET))
+        return max(MAX_BACKOFF, math.ceil(self.probe_extra_steps() / PROBE_BUDGET))  # >= first_backoff()
 
     def observe(
         self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float, rows: int | None = None

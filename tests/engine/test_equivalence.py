@@ -72,7 +72,7 @@ def drafter_prices(engine, name="suffix"):
     given share of a plain step, free proposals, calibrated and live alike); puts back what
     was there after."""
     planner = engine.planner
-    saved = {name: dict(getattr(planner, name)) for name in ("calibrated", "live", "acceptance")}
+    saved = {table: dict(getattr(planner, table)) for table in ("calibrated", "live", "acceptance")}
 
     def set_costs(per_row: float) -> None:
         planner.calibrated[name] = CostModel.line(0.01, 0.01 * per_row)
@@ -82,8 +82,8 @@ def drafter_prices(engine, name="suffix"):
     try:
         yield set_costs
     finally:
-        for name, values in saved.items():
-            setattr(planner, name, values)
+        for table, values in saved.items():
+            setattr(planner, table, values)
 
 
 def branching_suffix(engine, scope):

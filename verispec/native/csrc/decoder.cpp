@@ -480,13 +480,6 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out) 
 // Matrix tiles: R rows of activations times one tile of 4 output rows. For every
 // (row, output) pair the arithmetic is the same whatever R is: that is row invariance.
 
-// Quantised: per block and output, the exact integer dot product of the codes and the row's
-// 8-bit activations, summed in two halves of 16 products (the block's first and second 16
-// weights); each half times d_x * d_w is accumulated over the blocks in order, and the two
-// halves are added at the end. The 4 outputs of a tile share one vector per row: their
-// integer sums are gathered with horizontal adds before the conversion to float, so the
-// float work per block is one convert, one multiply and one fused multiply-add per 4
-// outputs. Q4 adds m_w * s_x per block (summed in block order, after the products).
 #ifdef VS_AVX2
 // A block's 16 bytes of 4-bit codes as 32 code bytes: low nibbles (weights 0..15), then high
 // nibbles (weights 16..31). One broadcast load and a shift of the upper half: no shuffle-port
@@ -530,12 +523,17 @@ static void finish_tile(const Matrix& w, int64_t t, const QuantRows& xq, int64_t
     for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
 }
 
+// Quantised: per block and output, the exact integer dot product of the codes and the row's
+// 8-bit activations, summed in two halves of 16 products (the block's first and second 16
+// weights); each half times d_x * d_w is accumulated over the blocks in order, and the two
+// halves are added at the end. The 4 outputs of a tile share one vector per row: their
+// integer sums are gathered with horizontal adds before the conversion to float, so the
+// float work per block is one convert, one multiply and one fused multiply-add per 4
+// outputs. Q4 adds m_w * s_x per block (summed in block order, after the products).
 template <int R, bool Q4BLOCKS>
 static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
   const float* D = w.d + t * B * TILE;
-  [[maybe_unused]] const uint8_t* C4 = (const uint8_t*)w.raw;
-  [[maybe_unused]] const int8_t* C8 = (const int8_t*)w.raw;
   const int8_t* X = xq.q.data() + r0 * K;
   const float* DX = xq.d.data() + r0 * B;
   float out[R][TILE];
@@ -579,6 +577,8 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
     _mm_storeu_ps(out[r], both);
   }
 #else
+  const uint8_t* C4 = (const uint8_t*)w.raw;
+  const int8_t* C8 = (const int8_t*)w.raw;
   for (int r = 0; r < R; r++)
     for (int j = 0; j < TILE; j++) {
       float halves[2] = {0, 0};
@@ -622,8 +622,8 @@ template <int R, bool Q4BLOCKS>
 static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
   const float* D = w.d + t * B * TILE;
-  const int8_t* X = xq.q.data() + r0 * K;
-  const uint8_t* XB = Q4BLOCKS ? nullptr : xq.biased.data() + r0 * K;
+  // The row's codes as dpbusd's other operand: signed against 4-bit weights, biased unsigned against 8-bit ones.
+  const uint8_t* X = (Q4BLOCKS ? (const uint8_t*)xq.q.data() : xq.biased.data()) + r0 * K;
   const float* DX = xq.d.data() + r0 * B;
   const __m256i pairs = _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3);
   const __m256i bias = _mm256_set1_epi8((char)0x80);
@@ -648,17 +648,11 @@ static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int
     for (int r = 0; r < R; r++) {
       __m256i half[2];
       for (int h = 0; h < 2; h++) {
-        __m256i x0, x1;
         int64_t g0, g1;
-        if (Q4BLOCKS) {
-          std::memcpy(&g0, X + r * K + b * QK + 16 * h, 8), std::memcpy(&g1, X + r * K + b * QK + 16 * h + 8, 8);
-          x0 = _mm256_set1_epi64x(g0), x1 = _mm256_set1_epi64x(g1);
-          half[h] = VS_DPBUSD(VS_DPBUSD(_mm256_setzero_si256(), v[2 * h], x0), v[2 * h + 1], x1);
-        } else {
-          std::memcpy(&g0, XB + r * K + b * QK + 16 * h, 8), std::memcpy(&g1, XB + r * K + b * QK + 16 * h + 8, 8);
-          x0 = _mm256_set1_epi64x(g0), x1 = _mm256_set1_epi64x(g1);
-          half[h] = VS_DPBUSD(VS_DPBUSD(_mm256_setzero_si256(), x0, v[2 * h]), x1, v[2 * h + 1]);
-        }
+        std::memcpy(&g0, X + r * K + b * QK + 16 * h, 8), std::memcpy(&g1, X + r * K + b * QK + 16 * h + 8, 8);
+        const __m256i x0 = _mm256_set1_epi64x(g0), x1 = _mm256_set1_epi64x(g1), z = _mm256_setzero_si256();
+        half[h] = Q4BLOCKS ? VS_DPBUSD(VS_DPBUSD(z, v[2 * h], x0), v[2 * h + 1], x1)  // u8 weights, s8 codes
+                           : VS_DPBUSD(VS_DPBUSD(z, x0, v[2 * h]), x1, v[2 * h + 1]);  // u8 codes, s8 weights
       }
       const __m256i sums = _mm256_sub_epi32(_mm256_hadd_epi32(half[0], half[1]), offset);
       const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(DX + r * B + b));
