@@ -39,8 +39,9 @@ def acceptance_rate(accepted: int, offered: int) -> float:
     return _ratio(accepted, offered)
 
 
-def per_position_acceptance(accepted: Sequence[int], offered: Sequence[int]) -> list[float]:
-    """accepted at draft position i / offered at position i, for each position i.
+def per_position_acceptance(accepted: Sequence[float], offered: Sequence[int]) -> list[float]:
+    """accepted at draft position i / offered at position i, for each position i (accepted may
+    be an expected count: a sum of acceptance probabilities).
 
     A draft at position i is kept only when every draft before it was, so this is the
     chance that a round offering position i keeps at least i + 1 drafts; it falls with i.

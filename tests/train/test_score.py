@@ -67,6 +67,36 @@ def test_counts_of_a_drafter_that_always_drafts_one_token(kind):
     assert score.chain_acceptance(net, shared, corpus_of([wrong], kind), k=2).expected_tokens == 1.0
 
 
+@pytest.mark.parametrize("kind", ["head", "block"])
+def test_the_sampled_arm_by_hand(kind):
+    """q is uniform over the draft vocabulary {3, 5, 7} (every logit 0, at any temperature).
+    Against a fixed p the expected acceptance is sum min(p, q) at every position; against p
+    one-hot on the answer's next token it is q of that token: 1/3 where it is 3, 5 or 7."""
+    net, shared = constant(kind)
+    mixed = ([9, 9], [ALWAYS, ALWAYS, 4, ALWAYS])  # anchors 1..4; position 2 exists after 1..3
+    fixed = torch.tensor([0.1, 0.1, 0.1, 0.5, 0.05, 0.1, 0.0, 0.0, 0.05, 0.0])
+
+    def constant_p(tokens):
+        return fixed.expand(len(tokens), VOCAB)
+
+    chance = 1 / 3 + 0.1  # min(0.5, 1/3) + min(0.1, 1/3) + min(0, 1/3)
+    counts = score.sampled_acceptance(net, shared, corpus_of([mixed], kind), 2, constant_p, temperature=1.0)
+    assert counts.offered == (4, 3)
+    assert counts.accepted == pytest.approx((4 * chance, 3 * chance))
+    assert counts.per_position == pytest.approx([chance, chance])
+    assert counts.expected_tokens == pytest.approx(1 + chance + chance**2)
+
+    def next_token(tokens):  # row j: the distribution of token j + 1, all on the answer's token
+        return torch.nn.functional.one_hot(torch.cat([tokens[1:], tokens[:1]]), VOCAB).float()
+
+    # Position 1 is drafted for tokens 3 3 4 3 (after anchors 1..4), position 2 for 3 4 3.
+    counts = score.sampled_acceptance(net, shared, corpus_of([mixed], kind), 2, next_token, temperature=0.7)
+    assert counts.accepted == pytest.approx((3 / 3, 2 / 3))
+    assert counts.as_dict()["accepted"] == [1.0, 0.67] and counts.as_dict()["first_acceptance"] == 0.25
+    with pytest.raises(ValueError, match="temperature > 0"):
+        score.sampled_acceptance(net, shared, corpus_of([mixed], kind), 2, next_token, temperature=0.0)
+
+
 def test_the_best_checkpoint_is_the_one_of_the_most_expected_tokens(tmp_path):
     """No validation loss, only a score: training pulls w from 0 towards 5, the score peaks
     at w = 2, so the weights kept are the checkpoint's nearest 2."""
@@ -149,21 +179,70 @@ def test_the_chains_are_the_run_time_drafters_own(kind, tiny_engine, tiny_drafte
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["head", "block"])
+def test_the_sampled_arm_is_the_rules_acceptance_along_the_answer(kind, tiny_engine, tiny_drafters):
+    """A real engine samples at T = 0.7 with k = 2. For every round it drafted, the rule's
+    chance of accepting the first draft, sum min(p, q) with q the row the drafter reported and
+    p the target's softmax there, is the sampled arm's expected acceptance at position 1 from
+    that anchor; where the first draft was the answer's token (accepted), the second draft's
+    row was drawn after that same token, and its chance is the arm's at position 2."""
+    drafter = tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
+    rounds: list[list[tuple[int, list[int], torch.Tensor]]] = []
+    propose = drafter.propose
+
+    def recording(context, size, rng):
+        draft = propose(context, size, rng)
+        if draft.tokens:
+            rounds[-1].append((len(context) - 1, list(draft.tokens), torch.as_tensor(draft.probs)))
+        return draft
+
+    drafter.propose = recording
+    sequences = []
+    for seed, prompt in enumerate(PROMPTS):
+        ids = tiny_engine.tokenizer(prompt)["input_ids"]
+        rounds.append([])
+        result = tiny_engine.generate(ids, drafter=drafter, k=2, temperature=0.7, seed=seed, max_tokens=30)
+        sequences.append((list(ids), list(result.token_ids)))
+    corpus = data.Corpus.from_sequences(sequences)
+    model = tiny_engine.target.model
+    corpus.hidden = data.hidden_states(model, corpus, drafter.net.config.layers_read, dtype=torch.float32)
+    probs = score.target_distributions(model, 0.7)
+    valid = set(score.all_anchors(corpus).tolist())
+    checked = [0, 0]
+    for index, calls in enumerate(rounds):
+        start, length = int(corpus.starts[index]), int(corpus.lengths[index])
+        tokens = corpus.tokens[start : start + length].tolist()
+        p = probs(corpus.tokens[start : start + length]).double()
+        for n, drafted, q in calls:
+            if start + n not in valid:
+                continue
+            got = score.sampled_acceptance(drafter.net, drafter.shared, corpus, 2, probs, 0.7, [start + n])
+            assert got.accepted[0] == pytest.approx(float(torch.minimum(p[n], q[0].double()).sum()), abs=1e-5)
+            checked[0] += 1
+            if len(drafted) == 2 and n + 2 < length and drafted[0] == tokens[n + 1]:
+                assert got.accepted[1] == pytest.approx(float(torch.minimum(p[n + 1], q[1].double()).sum()), abs=1e-5)
+                checked[1] += 1
+    assert checked[0] > 40 and checked[1] >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_every_checkpoint_is_scored_and_the_best_score_written(
-    tiny_dir, tiny_engine, native_engine, tiny_train_data, tmp_path
+    temperature, tiny_dir, tiny_engine, native_engine, tiny_train_data, tmp_path
 ):
     from verispec.drafters import weights
-    from verispec.train.shards import answer_greedily
+    from verispec.train.shards import answer_prompts
 
     prompts = [("story", [{"role": "user", "content": p}]) for p in PROMPTS[:3]]
     summary = tiny.train_tiny_drafter(
         "head", tiny_dir, tmp_path / "head", tiny_train_data, steps=45, checkpoint_every=15, lr=1e-2, score_k=4,
-        score_tokens=32, eval_prompts=prompts,
+        score_tokens=32, eval_prompts=prompts, score_temperature=temperature,
     )  # fmt: skip
     curves = json.loads((tmp_path / "head" / "training.json").read_text())
     assert [v["step"] for v in curves["validations"]] == [15, 30, 45]
     scores = [v["score"] for v in curves["validations"]]
     assert all(s["k"] == 4 and s["anchors"] > 60 for s in scores)
+    assert all(s.get("temperature", 0.0) == temperature for s in scores)
     best = max(curves["validations"], key=lambda v: v["score"]["expected_tokens"])
     assert summary["validation"] == best
     assert [s["step"] for s in summary["scores"]] == [15, 30, 45]
@@ -174,8 +253,29 @@ def test_every_checkpoint_is_scored_and_the_best_score_written(
     eval_corpus, seconds = score.eval_corpus(
         target.model, tiny_engine.tokenizer, sorted(target.eos_token_ids), prompts, (target.num_layers,),
         tiny_train_data, weights.target_identity(target)["weights_sha256"], max_new_tokens=32,
-        answer=lambda ids, tokens: answer_greedily(native_engine, ids, tokens),
+        answer=lambda ids, tokens: answer_prompts(native_engine, ids, tokens, temperature), temperature=temperature,
     )  # fmt: skip
     assert seconds == 0.0  # from the cache the run made (its answers came from the native target)
     drafter = tiny_engine.drafter("head", drafter_weights=str(tmp_path / "head"))
-    assert score.chain_acceptance(drafter.net, drafter.shared, eval_corpus, 4).as_dict() == best["score"]
+    if temperature == 0:
+        assert score.chain_acceptance(drafter.net, drafter.shared, eval_corpus, 4).as_dict() == best["score"]
+    else:
+        probs = score.target_distributions(target.model, temperature)
+        again = score.sampled_acceptance(drafter.net, drafter.shared, eval_corpus, 4, probs, temperature).as_dict()
+        # Weights are stored in 16 bits: a greedy chain keeps its argmaxes, sum min(p, q) moves
+        # in the fourth digit. The weights written score nearest the best checkpoint, and near it.
+        gaps = [max(abs(a - b) for a, b in zip(again["per_position"], s["per_position"], strict=True)) for s in scores]
+        assert scores[gaps.index(min(gaps))] == best["score"] and min(gaps) < 2e-3
+        # Sampled answers are not the greedy ones, and come back the same (seeded) whatever the batch.
+        greedy, _ = score.eval_corpus(
+            target.model, tiny_engine.tokenizer, sorted(target.eos_token_ids), prompts, (target.num_layers,),
+            tiny_train_data, weights.target_identity(target)["weights_sha256"], max_new_tokens=32,
+            answer=lambda ids, tokens: answer_prompts(native_engine, ids, tokens),
+        )  # fmt: skip
+        assert not torch.equal(greedy.tokens, eval_corpus.tokens)
+        ids = [
+            eval_corpus.tokens[int(s) : int(s) + int(n)].tolist()
+            for s, n in zip(eval_corpus.starts, eval_corpus.prompt_lengths, strict=True)
+        ]
+        first = answer_prompts(native_engine, ids[:1], 32, temperature)
+        assert first == answer_prompts(native_engine, ids, 32, temperature)[:1]

@@ -218,14 +218,64 @@ def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(eng
     grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=10), tokens=10_000, shard_sequences=4)
     chosen = data.select()
     corpus, _ = data.corpus(chosen)
-    both = corpus_hidden_states(data, chosen, model, (1, 2))
+    both = corpus_hidden_states([(data, chosen)], model, (1, 2))
     assert both.dtype == torch.bfloat16 and both.shape[0] == len(corpus.tokens)
     assert torch.equal(both, hidden_states(model, corpus, (1, 2)))  # shard by shard = the whole corpus at once
     files = sorted((data.root / "hidden").glob("0*.npy"))
     assert len(files) == len(chosen) == 3
-    last = corpus_hidden_states(data, chosen, model, (2,))  # served by the files of layers 1 and 2
+    last = corpus_hidden_states([(data, chosen)], model, (2,))  # served by the files of layers 1 and 2
     assert sorted((data.root / "hidden").glob("0*.npy")) == files
     assert torch.equal(last, both[:, both.shape[1] // 2 :])
+
+
+def test_a_greedy_and_a_sampled_directory_train_together(engine, tiny_dir, tmp_path):
+    from verispec import models
+    from verispec.train.data import hidden_states
+    from verispec.train.loop import TrainError
+    from verispec.train.pipeline import NetSettings, TrainSettings, train_drafter
+    from verispec.train.shards import corpus_hidden_states, select_across, selection_corpus
+
+    fingerprint = engine.target.weights_fingerprint()
+    greedy, sampled = DataDir(tmp_path / "t0", fingerprint), DataDir(tmp_path / "t1", fingerprint)
+    grow(greedy, engine, WordSource(), GenerationSettings(max_new_tokens=10), tokens=10_000, shard_sequences=4)
+    grow(sampled, engine, WordSource(), GenerationSettings(1.0, max_new_tokens=10), tokens=10_000)
+    # Both number their shards from 0 with the same prompts: only the settings tell them apart.
+    assert greedy.key(greedy.select()) != sampled.key(sampled.select())
+    chosen = select_across([greedy.root, sampled.root], fingerprint)
+    corpus, key = selection_corpus(chosen)
+    assert corpus.tokens.tolist() == torch.cat([greedy.corpus()[0].tokens, sampled.corpus()[0].tokens]).tolist()
+    assert selection_corpus(select_across([greedy.root], fingerprint))[1] == greedy.corpus()[1] != key
+    model = models.load(str(tiny_dir), dtype=None, device="cpu").model
+    states = corpus_hidden_states(chosen, model, (1, 2))
+    assert torch.equal(states, hidden_states(model, corpus, (1, 2)))
+    assert len(list((sampled.root / "hidden").glob("0*.npy"))) == len(sampled.shards())  # each in its own folder
+
+    net = NetSettings(draft_vocab=64, intermediate=64, heads=2, kv_heads=1, head_dim=16)
+    train = TrainSettings(steps=2, items=4, span=8, checkpoint_every=2)
+    summary_ = train_drafter(
+        "head", tmp_path / "h", str(tiny_dir), None, net, train, shards=[greedy.root, sampled.root]
+    )
+    assert summary_["data"]["key"] == key and summary_["data"]["sequences"] == 2 * (len(WORDS) - 1)
+    assert {row["directory"] for row in summary_["data"]["sources"]} == {str(greedy.root), str(sampled.root)}
+    assert sorted(row["temperature"] for row in summary_["data"]["sources"]) == [0.0, 1.0]
+
+    with pytest.raises(ShardError, match="named twice"):
+        select_across([greedy.root, tmp_path / "t0"], fingerprint)
+    with pytest.raises(ShardError, match="no data directory at"):
+        select_across([greedy.root, tmp_path / "nowhere"], fingerprint)
+    assert not (tmp_path / "nowhere").exists()  # a mistyped path is not made
+    with pytest.raises(ShardError, match="has shards of nothing"):
+        select_across([greedy.root, sampled.root], fingerprint, ["words", "nothing"])
+    with pytest.raises(TrainError, match="another target"):
+        train_drafter(
+            "head",
+            tmp_path / "x",
+            str(tiny_dir),
+            None,
+            net,
+            train,
+            shards=[greedy.root, DataDir(tmp_path / "o", "c" * 64).root],
+        )
 
 
 @pytest.mark.slow

@@ -114,12 +114,21 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
         ("--second-turns", "-0.1"),
         ("--holdout", "1.5"),
         ("--patience", "-1"),  # (a positive one counts scored checkpoints: --eval is on by default)
+        ("--eval-temperature", "-1"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message(option, value, tiny_dir, tmp_path, capsys):
     code = main(["train-drafter", "--target", str(tiny_dir), "--kind", "block", "--out", str(tmp_path), option, value])
     assert code == 2
     assert option in capsys.readouterr().err
+
+
+def test_several_data_directories_are_named_and_checked(tiny_dir, tmp_path, capsys):
+    args = ["train-drafter", "--target", str(tiny_dir), "--kind", "head", "--out", str(tmp_path / "h")]
+    code = main([*args, "--shards", str(tmp_path / "t0"), str(tmp_path / "t1"), "--steps", "2"])
+    assert code == 2
+    assert f"no data directory at {tmp_path / 't0'}" in capsys.readouterr().err
+    assert not (tmp_path / "t0").exists()
 
 
 def test_generate_uses_trained_weights_and_refuses_foreign_ones(tiny_dir, tiny_drafters, capsys):

@@ -41,7 +41,9 @@ def add_train_parser(commands: Any) -> None:
     data.add_argument(
         "--shards",
         default=None,
-        help="train on a data directory grown by `verispec train-data grow` instead of generating here",
+        nargs="+",
+        help="train on data directories grown by `verispec train-data grow` (several: all of them, "
+        "a greedy and a sampled one say) instead of generating here",
     )
     data.add_argument("--sources", default=None, help="with --shards: comma-separated sources to use (default all)")
     net = train.add_argument_group("network")
@@ -83,6 +85,13 @@ def add_train_parser(commands: Any) -> None:
         "the best score are the ones written",
     )
     fit.add_argument("--eval-k", type=int, default=8, help="draft positions the held-out score counts")
+    fit.add_argument(
+        "--eval-temperature",
+        type=float,
+        default=0.0,
+        help="0: the held-out score runs greedy chains along greedy answers; T > 0: its sampled arm, the "
+        "expected acceptance sum min(p, q) along answers sampled at T (for drafters served at T)",
+    )
     fit.add_argument("--eval-tokens", type=int, default=128, help="longest target answer per eval prompt")
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument(
@@ -138,6 +147,7 @@ def run_train(args: argparse.Namespace) -> int:
         patience=args.patience,
         score_k=args.eval_k if args.eval else 0,
         score_tokens=args.eval_tokens,
+        score_temperature=args.eval_temperature,
     )
     columns = (
         TextColumn("{task.description}"),
@@ -187,7 +197,7 @@ def run_train(args: argparse.Namespace) -> int:
             stage,
             on_step,
             args.data_only,
-            Path(args.shards) if args.shards else None,
+            [Path(path) for path in args.shards] if args.shards else None,
             tuple(s.strip() for s in args.sources.split(",")) if args.sources else None,
         )
     data = summary["data"]

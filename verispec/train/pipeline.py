@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,11 +68,20 @@ class TrainSettings:
     patience: int = 0  # validations without improvement before stopping (needs holdout)
     score_k: int = 0  # draft positions of the held-out score at every checkpoint; 0: no score
     score_tokens: int = score.EVAL_TOKENS  # the longest answer per eval prompt
+    # 0: the greedy score (chains along greedy answers); > 0: the sampled arm at that temperature
+    score_temperature: float = 0.0
 
 
 # Settings added after weights were shipped: left out of the run key at their defaults, so
 # the runs that made those weights keep their key (and resume as they did).
-_LATER_SETTINGS = {"feature_layers": 1, "holdout": 0.0, "patience": 0, "score_k": 0, "score_tokens": score.EVAL_TOKENS}
+_LATER_SETTINGS = {
+    "feature_layers": 1,
+    "holdout": 0.0,
+    "patience": 0,
+    "score_k": 0,
+    "score_tokens": score.EVAL_TOKENS,
+    "score_temperature": 0.0,
+}
 VALIDATION_BATCHES = 16  # batches of held-out items scored at every checkpoint
 
 
@@ -92,14 +101,15 @@ def train_drafter(
     stage: Stage = _quiet_stage,
     on_step: loop.StepCallback | None = None,
     data_only: bool = False,
-    shards: Path | None = None,
+    shards: Path | Sequence[Path] | None = None,
     sources: tuple[str, ...] | None = None,
     eval_prompts: list[score.EvalPrompt] | None = None,
 ) -> dict[str, Any]:
     """Train a ``kind`` drafter for the target ``target_spec`` into ``out``; returns a summary.
     ``data_only``: stop once the training set and its hidden states are cached. ``shards``: a
-    data directory grown by ``verispec train-data`` (its ``sources``, None: all) is the training
-    set instead of responses generated here (``data_settings`` then sets nothing).
+    data directory grown by ``verispec train-data``, or several (a greedy and a sampled one),
+    whose ``sources`` (None: all) are the training set instead of responses generated here
+    (``data_settings`` then sets nothing).
     ``eval_prompts``: what the held-out score answers (with ``score_k``; default the project's
     eval prompts)."""
     from verispec import models
@@ -128,13 +138,16 @@ def train_drafter(
         key = data_settings.key(fingerprint)
         grown: dict[str, Any] | None = None
     else:
-        corpus, key, grown = _shard_corpus(shards, sources, fingerprint)
+        roots = [shards] if isinstance(shards, Path) else list(shards)
+        corpus, key, grown = _shard_corpus(roots, sources, fingerprint)
         data_seconds = 0.0
     layers = _feature_layers(kind, net_settings, target.num_layers)
     if grown is not None:
+        from verispec.train.shards import corpus_hidden_states
+
         start = time.perf_counter()
-        update = stage("target hidden states (shards)", len(grown["chosen"]))
-        corpus.hidden = _shard_states(shards, grown, model, layers, lambda d, t: update(d, ""))
+        update = stage("target hidden states (shards)", sum(len(infos) for _, infos in grown["chosen"]))
+        corpus.hidden = corpus_hidden_states(grown["chosen"], model, layers, lambda d, t: update(d, ""))
         data_seconds += time.perf_counter() - start
     else:
         corpus.hidden = data.load_hidden_layers(data_dir, key, layers, target.hidden_size)
@@ -156,14 +169,22 @@ def train_drafter(
     scorer, eval_digest = None, None
     if train_settings.score_k:
         prompts = score.default_eval_prompts() if eval_prompts is None else eval_prompts
+        temperature = train_settings.score_temperature
         eval_corpus, seconds = score.eval_corpus(
             model, tokenizer, sorted(target.eos_token_ids), prompts, layers, data_dir, fingerprint,
-            train_settings.score_tokens, stage, _native_answers(target_spec, len(prompts)),
+            train_settings.score_tokens, stage, _native_answers(target_spec, len(prompts), temperature),
+            temperature,
         )  # fmt: skip
         data_seconds += seconds
         k = train_settings.score_k
+        probs = score.target_distributions(model, temperature) if temperature > 0 else None
 
         def scorer() -> dict[str, Any]:
+            if probs is not None:  # the sampled arm: the drafter as a request at that temperature samples
+                return {
+                    **score.sampled_acceptance(net, shared, eval_corpus, k, probs, temperature).as_dict(),
+                    "temperature": temperature,
+                }
             return score.chain_acceptance(net, shared, eval_corpus, k).as_dict()
 
         eval_digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16]
@@ -222,43 +243,41 @@ def train_drafter(
     return training
 
 
-def _native_answers(target_spec: str | None, count: int) -> Callable[[list[list[int]], int], list[list[int]]] | None:
-    """Greedy answers on the native target, many a pass; None where it does not load the model
-    (another architecture): the eval answers then come from transformers' ``generate``."""
+def _native_answers(
+    target_spec: str | None, count: int, temperature: float = 0.0
+) -> Callable[[list[list[int]], int], list[list[int]]] | None:
+    """Answers on the native target, many a pass, greedy or sampled at ``temperature``; None
+    where it does not load the model (another architecture): greedy eval answers then come
+    from transformers' ``generate``."""
     from verispec.api import load_engine
     from verispec.errors import UserError
-    from verispec.train.shards import answer_greedily
+    from verispec.train.shards import answer_prompts
 
     try:
         engine = load_engine(target_spec, backend="native", slots=max(1, min(16, count)))
     except UserError:
         return None
-    return lambda prompts, tokens: answer_greedily(engine, prompts, tokens)
+    return lambda prompts, tokens: answer_prompts(engine, prompts, tokens, temperature)
 
 
 def _shard_corpus(
-    root: Path, sources: tuple[str, ...] | None, fingerprint: str
+    roots: Sequence[Path], sources: tuple[str, ...] | None, fingerprint: str
 ) -> tuple[data.Corpus, str, dict[str, Any]]:
-    """The corpus of a grown data directory's shards, its key, and what it holds per source."""
-    from verispec.train.shards import DataDir, ShardError, summary
+    """The corpus of grown data directories' shards, its key, and what they hold per source
+    (each row names its directory where there are several)."""
+    from verispec.train.shards import ShardError, select_across, selection_corpus, summary
 
     try:
-        grown = DataDir(Path(root), fingerprint)
-        chosen = grown.select(sources)
+        chosen = select_across(roots, fingerprint, sources)
     except ShardError as error:
         raise loop.TrainError(str(error)) from error
-    corpus, key = grown.corpus(chosen)
-    rows = [row for row in summary(grown) if sources is None or row["source"] in sources]
-    return corpus, key, {"shards": str(root), "key": key, "sources": rows, "chosen": chosen}
-
-
-def _shard_states(
-    root: Path | None, grown: dict[str, Any], model: Any, layers: tuple[int, ...], progress: data.Progress
-) -> torch.Tensor:
-    from verispec.train.shards import DataDir, corpus_hidden_states
-
-    assert root is not None
-    return corpus_hidden_states(DataDir(Path(root)), grown["chosen"], model, layers, progress)
+    corpus, key = selection_corpus(chosen)
+    rows = []
+    for grown, _ in chosen:
+        mark = {"directory": str(grown.root)} if len(chosen) > 1 else {}
+        rows += [{**row, **mark} for row in summary(grown) if sources is None or row["source"] in sources]
+    where = str(roots[0]) if len(roots) == 1 else [str(root) for root in roots]
+    return corpus, key, {"shards": where, "key": key, "sources": rows, "chosen": chosen}
 
 
 def _prompts_note(settings: data.DataSettings, grown: dict[str, Any] | None) -> str:
@@ -289,6 +308,8 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
         problems.append(f"--holdout is a share in [0, 1), got {train.holdout}")
     if train.patience < 0 or (train.patience > 0 and not train.holdout and not train.score_k):
         problems.append("--patience must be >= 0 and needs --holdout > 0 or --eval (it counts validations)")
+    if not train.score_temperature >= 0:
+        problems.append(f"--eval-temperature must be >= 0, got {train.score_temperature}")
     if train.score_k < 0 or train.score_tokens < 1:
         problems.append("--eval-k must be >= 0 and --eval-tokens >= 1")
     if problems:

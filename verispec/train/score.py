@@ -22,10 +22,16 @@ when the draft equals that token. So accepted[d] / offered[d] is the acceptance 
 that the chain reached d: the a_d of ``rounds.expected_tokens_positional``, and the score's
 expected tokens per round is that formula at k.
 
-The eval corpus (``eval_corpus``): the target's greedy answers to the eval prompts and its
-hidden states (float32, what the drafter reads at run time) at the drafter's layers, cached
-in the data directory's ``eval`` folder keyed by the target's weights, the prompts and the
-answer length.
+Its sampled arm (``sampled_acceptance``) scores a drafter served at a temperature T > 0: along
+the target's answers sampled at T, the rule's chance of accepting each draft position,
+sum min(p, q), with the drafter's earlier drafts set to the answer's tokens. Greedy chains
+along greedy answers rank a head trained on sampled answers far below one trained on greedy
+ones, while served at T = 1 it drafts better: each arm judges the temperature it scores.
+
+The eval corpus (``eval_corpus``): the target's greedy (or sampled, seeded) answers to the eval
+prompts and its hidden states (float32, what the drafter reads at run time) at the drafter's
+layers, cached in the data directory's ``eval`` folder keyed by the target's weights, the
+prompts, the answer length and the temperature.
 """
 
 from __future__ import annotations
@@ -63,10 +69,11 @@ def default_eval_prompts() -> list[EvalPrompt]:
 
 @dataclass(frozen=True)
 class HeldOutScore:
-    """Offered and accepted counts per draft position over ``anchors`` anchors (see above)."""
+    """Offered and accepted counts per draft position over ``anchors`` anchors (see above); the
+    sampled arm's accepted are expected counts (``sampled_acceptance``)."""
 
     offered: tuple[int, ...]
-    accepted: tuple[int, ...]
+    accepted: tuple[float, ...]
 
     @property
     def anchors(self) -> int:
@@ -94,7 +101,7 @@ class HeldOutScore:
             "expected_tokens": round(self.expected_tokens, 4),
             "per_position": [round(a, 4) for a in self.per_position],
             "offered": list(self.offered),
-            "accepted": list(self.accepted),
+            "accepted": [a if isinstance(a, int) else round(a, 2) for a in self.accepted],
         }
 
 
@@ -107,7 +114,43 @@ def all_anchors(corpus: data.Corpus) -> torch.Tensor:
     return torch.nonzero((local >= first) & (local <= corpus.lengths[sequence] - 2)).flatten()
 
 
+# One draft step of a walk along a sequence: (step, alive rows, the drafter's outputs there
+# (a, D), the positions drafted for (a,)) -> (the tokens it goes on from (a,), which rows go on).
+Choose = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# Per sequence: (its index, its tokens, the anchors' rows among all anchors) -> its Choose.
+MakeChoose = Callable[[int, torch.Tensor, torch.Tensor], Choose]
+
+
 @torch.inference_mode()
+def _walk(
+    net: torch.nn.Module, shared: SharedTarget, corpus: data.Corpus, anchors: torch.Tensor, k: int, make: MakeChoose
+) -> None:
+    """Run the drafter from every anchor, sequence by sequence, as it drafts at run time, each
+    step's outputs handed to that sequence's ``make(...)`` choose."""
+    if corpus.hidden is None:
+        raise ValueError("scoring needs the corpus's hidden states")
+    sequence_of = corpus.sequence_of()[anchors]
+    for index in torch.unique(sequence_of).tolist():
+        rows = torch.nonzero(sequence_of == index).flatten()
+        start, length = int(corpus.starts[index]), int(corpus.lengths[index])
+        tokens = corpus.tokens[start : start + length]
+        features = corpus.hidden[start : start + length].to(torch.float32)
+        local = anchors[rows] - start
+        choose = make(index, tokens, rows)
+        if isinstance(net, HeadNet):
+            _head_walk(net, shared, tokens, features, int(corpus.prompt_lengths[index]), local, k, choose)
+        elif isinstance(net, BlockNet):
+            _block_walk(net, shared, tokens, features, local, k, choose)
+        else:
+            raise TypeError(f"cannot score a {type(net).__name__}: a HeadNet or a BlockNet")
+
+
+def _steps(net: torch.nn.Module, k: int) -> int:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return min(k, net.config.block_size - 1) if isinstance(net, BlockNet) else k  # one block's drafts at most
+
+
 def chains(
     net: torch.nn.Module,
     shared: SharedTarget,
@@ -120,30 +163,84 @@ def chains(
     default ``all_anchors``): (anchors (A,), drafts (A, k) token ids). Unless ``whole``, a
     chain is computed only as far as it is scored (to its first wrong draft or the
     sequence's end) and NOT_DRAFTED after that; a block drafts at most block_size - 1."""
-    if corpus.hidden is None:
-        raise ValueError("scoring needs the corpus's hidden states")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    k = _steps(net, k)
     anchors = _checked_anchors(corpus, anchors)
-    if isinstance(net, BlockNet):
-        k = min(k, net.config.block_size - 1)  # one block's drafts at most
     drafts = torch.full((len(anchors), k), NOT_DRAFTED, dtype=torch.long)
-    sequence_of = corpus.sequence_of()[anchors]
-    for index in torch.unique(sequence_of).tolist():
-        rows = torch.nonzero(sequence_of == index).flatten()
-        start, length = int(corpus.starts[index]), int(corpus.lengths[index])
-        tokens = corpus.tokens[start : start + length]
-        features = corpus.hidden[start : start + length].to(torch.float32)
-        local = anchors[rows] - start
-        if isinstance(net, HeadNet):
-            drafts[rows] = _head_chains(
-                net, shared, tokens, features, int(corpus.prompt_lengths[index]), local, k, whole
-            )
-        elif isinstance(net, BlockNet):
-            drafts[rows] = _block_chains(net, shared, tokens, features, local, k, whole)
-        else:
-            raise TypeError(f"cannot score a {type(net).__name__}: a HeadNet or a BlockNet")
+
+    def make(index: int, tokens: torch.Tensor, rows: torch.Tensor) -> Choose:
+        def choose(
+            step: int, alive: torch.Tensor, outputs: torch.Tensor, where: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            token = _greedy(net, shared, outputs)
+            drafts[rows[alive], step] = token
+            return token, _goes_on(token, where, tokens, whole)
+
+        return choose
+
+    _walk(net, shared, corpus, anchors, k, make)
     return anchors, drafts
+
+
+def sampled_acceptance(
+    net: torch.nn.Module,
+    shared: SharedTarget,
+    corpus: data.Corpus,
+    k: int,
+    target_probs: Callable[[torch.Tensor], torch.Tensor],
+    temperature: float = 1.0,
+    anchors: torch.Tensor | Sequence[int] | None = None,
+) -> HeldOutScore:
+    """The sampled arm: expected acceptance per draft position along the corpus's answers
+    (sampled at ``temperature``, as requests at that temperature are served).
+
+    At each anchor and draft position d where the sequence has a token, the drafter's
+    distribution q_d (softmax of drafting's logits at ``temperature`` over its draft vocabulary,
+    as it samples at run time) after drafting the answer's own tokens at the positions before,
+    against the target's p_d there (``target_probs(tokens)``: (L, V), row j the distribution of
+    token j + 1): the chance the rule accepts a draft of q_d is sum_x min(p_d(x), q_d(x)).
+    ``accepted[d]`` is its sum over the anchors, ``offered[d]`` their number, so
+    ``per_position`` is its mean. Exact at d = 0 (the rule's acceptance at a round's first
+    draft); later positions condition on the answer's tokens, standing in for the accepted
+    drafts (distributed min(p, q) / sum, not p), and the expected tokens multiply the
+    positions' means as if independent. Where the earlier drafts were the answer's tokens
+    (accepted), a later position's term is the rule's chance there exactly."""
+    if not temperature > 0:
+        raise ValueError(f"the sampled arm scores a temperature > 0, got {temperature}")
+    k = _steps(net, k)
+    anchors = _checked_anchors(corpus, anchors)
+    offered = torch.zeros(k, dtype=torch.long)
+    accepted = torch.zeros(k, dtype=torch.float64)
+
+    def make(index: int, tokens: torch.Tensor, rows: torch.Tensor) -> Choose:
+        p = target_probs(tokens)[:, shared.vocab_ids].to(torch.float64)  # (L, N): q is zero elsewhere
+        length = len(tokens)
+
+        def choose(
+            step: int, alive: torch.Tensor, outputs: torch.Tensor, where: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            exists = where < length
+            q = torch.softmax(shared.draft_logits(net.logits_input(outputs[exists])).double() / temperature, -1)  # type: ignore[operator]
+            offered[step] += int(exists.sum())
+            accepted[step] += torch.minimum(p[where[exists] - 1], q).sum()
+            # The next draft goes on from the answer's own token.
+            return tokens[where.clamp_max(length - 1)], where + 1 < length
+
+        return choose
+
+    _walk(net, shared, corpus, anchors, k, make)
+    return HeldOutScore(tuple(int(n) for n in offered), tuple(float(a) for a in accepted))
+
+
+def target_distributions(model: Any, temperature: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """tokens (L,) -> (L, V) float32: the target's softmax at ``temperature`` after each position
+    (no top-p, top-k or penalties: the settings the sampled answers were made with)."""
+
+    @torch.inference_mode()
+    def probs(tokens: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=tokens.unsqueeze(0)).logits[0].to(torch.float32)
+        return torch.softmax(logits / temperature, dim=-1)
+
+    return probs
 
 
 def chain_acceptance(
@@ -196,7 +293,7 @@ def _greedy(net: torch.nn.Module, shared: SharedTarget, outputs: torch.Tensor) -
     return shared.vocab_ids[shared.draft_logits(net.logits_input(outputs)).argmax(-1)]  # type: ignore[operator]
 
 
-def _head_chains(
+def _head_walk(
     net: HeadNet,
     shared: SharedTarget,
     tokens: torch.Tensor,
@@ -204,24 +301,21 @@ def _head_chains(
     prompt_length: int,
     anchors: torch.Tensor,
     k: int,
-    whole: bool,
-) -> torch.Tensor:
-    """One sequence's chains (A, k) from its anchors (local positions)."""
-    window, length = net.config.window, len(tokens)
+    choose: Choose,
+) -> None:
+    """One sequence's walk from its anchors (local positions)."""
+    window = net.config.window
     # The run-time cache: filled from the target's features, from the first round's window
     # on (its first catch-up starts window - 1 positions before the prompt's last token).
     first = max(1, prompt_length - window)
-    positions = torch.arange(first, length)
+    positions = torch.arange(first, len(tokens))
     outputs, committed = net(net.target_features(features[positions - 1]), shared.embed(tokens[positions]), positions)
-    drafts = torch.full((len(anchors), k), NOT_DRAFTED, dtype=torch.long)
     alive = torch.arange(len(anchors))
     current = outputs[anchors - first]  # (A, D): the output at each anchor, as catch-up leaves it
     drafted: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per step, per layer (keys, values)
     for step in range(k):
-        token = _greedy(net, shared, current)
-        drafts[alive, step] = token
         where = anchors[alive] + step + 1  # the position this draft is for
-        keep = _goes_on(token, where, tokens, whole)
+        token, keep = choose(step, alive, current, where)
         if step + 1 == k or not bool(keep.any()):
             break
         alive, token, where = alive[keep], token[keep], where[keep]
@@ -241,33 +335,29 @@ def _head_chains(
         out, new = net(current[keep].unsqueeze(1), shared.embed(token).unsqueeze(1), where.unsqueeze(1), past)
         drafted.append(new)
         current = out[:, 0]
-    return drafts
 
 
-def _block_chains(
+def _block_walk(
     net: BlockNet,
     shared: SharedTarget,
     tokens: torch.Tensor,
     features: torch.Tensor,
     anchors: torch.Tensor,
     k: int,
-    whole: bool,
-) -> torch.Tensor:
-    """One sequence's chains (A, k), k <= block_size - 1: each anchor's block in one pass,
-    its slots' tokens drawn as far as they are scored (the logits cost most)."""
+    choose: Choose,
+) -> None:
+    """One sequence's walk, k <= block_size - 1: each anchor's block in one pass, its slots
+    handed on as far as they are scored (the logits cost most)."""
     # Only the positions some anchor's window reaches (a long prompt's start is read by none).
     positions = torch.arange(max(0, int(anchors.min()) - net.config.window), int(anchors.max()))
     context = net.context_keys(features[positions], positions)
     outputs = net(shared.embed(tokens[anchors]), anchors, context, positions)  # (A, B - 1, D)
-    drafts = torch.full((len(anchors), k), NOT_DRAFTED, dtype=torch.long)
     alive = torch.arange(len(anchors))
     for step in range(k):
-        token = _greedy(net, shared, outputs[alive, step])
-        drafts[alive, step] = token
-        alive = alive[_goes_on(token, anchors[alive] + step + 1, tokens, whole)]
+        _, keep = choose(step, alive, outputs[alive, step], anchors[alive] + step + 1)
+        alive = alive[keep]
         if not len(alive):
             break
-    return drafts
 
 
 def eval_corpus(
@@ -281,17 +371,24 @@ def eval_corpus(
     max_new_tokens: int = EVAL_TOKENS,
     stage: Callable[[str, int], Callable[[int, str], None]] | None = None,
     answer: Callable[[list[list[int]], int], list[list[int]]] | None = None,
+    temperature: float = 0.0,
 ) -> tuple[data.Corpus, float]:
-    """The target's greedy answers to ``prompts`` with its float32 hidden states at
-    ``layers``, from the cache in ``data_dir`` or made (and cached) now; and the seconds
-    spent making them (0 from the cache). ``answer(prompt ids, max new tokens)``: the greedy
-    answers (``shards.answer_greedily`` on the native target, many sequences a pass); None:
-    ``model.generate`` in batches."""
+    """The target's answers to ``prompts`` with its float32 hidden states at ``layers``, from
+    the cache in ``data_dir`` or made (and cached) now; and the seconds spent making them (0
+    from the cache). ``answer(prompt ids, max new tokens)``: the answers (``shards.answer_prompts``
+    on the native target, many sequences a pass), greedy or sampled at ``temperature`` (the
+    sampled arm's answers: seeded, so the same every run); None: ``model.generate`` in
+    batches, greedy only."""
     if not prompts:
         raise ValueError("no eval prompts to score on")
+    if temperature < 0 or (temperature > 0 and answer is None):
+        raise TrainError(
+            f"sampled eval answers (temperature {temperature}) come from the native target, which did not load"
+        )
     how = "native" if answer is not None else "generate"
     text = json.dumps({"target": fingerprint, "prompts": list(prompts), "tokens": max_new_tokens, "eval": "v1"})
     text += "" if answer is None else how  # answers made another way: another cache entry
+    text += "" if temperature == 0 else f"T={temperature}"
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     started, made = time.perf_counter(), False
     data_dir = data_dir / "eval"  # apart from the training sets, which the directory's readers list

@@ -28,7 +28,7 @@ import hashlib
 import json
 import platform
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -209,15 +209,22 @@ class DataDir:
         """The sequences of ``chosen`` shards (None: all) as one corpus, and a key naming exactly
         those shards (for caches of what is computed from them)."""
         chosen = self.select() if chosen is None else chosen
+        return Corpus.from_sequences(self.sequences(chosen)), self.key(chosen)
+
+    def sequences(self, chosen: list[ShardInfo]) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, response ids) of every sequence of ``chosen``, in order."""
         sequences: list[tuple[list[int], list[int]]] = []
         for info in chosen:
             part = self.load(info)
             for start, length, prompt in zip(part.starts, part.lengths, part.prompt_lengths, strict=True):
                 ids = part.tokens[int(start) : int(start) + int(length)].tolist()
                 sequences.append((ids[: int(prompt)], ids[int(prompt) :]))
-        names = json.dumps([[info.number, len(info.ids)] for info in chosen])
-        key = hashlib.sha256(f"{self.fingerprint}:{names}".encode()).hexdigest()[:16]
-        return Corpus.from_sequences(sequences), key
+        return sequences
+
+    def key(self, chosen: list[ShardInfo]) -> str:
+        # The settings too: a greedy and a sampled directory number their shards alike.
+        names = json.dumps([[info.number, len(info.ids), info.settings_key] for info in chosen])
+        return hashlib.sha256(f"{self.fingerprint}:{names}".encode()).hexdigest()[:16]
 
     def answers(self, source: str, decode: Callable[[list[int]], str]) -> Iterator[tuple[str, Messages, str]]:
         """(prompt id, messages, answer text) of every answered prompt of ``source``, any settings."""
@@ -238,39 +245,79 @@ def _write_text(path: Path, text: str) -> None:
     staged.replace(path)
 
 
+Selection = list[tuple[DataDir, list[ShardInfo]]]  # chosen shards, per data directory
+
+
+def select_across(roots: Sequence[Path], fingerprint: str, sources: Iterable[str] | None = None) -> Selection:
+    """The shards of ``sources`` (None: all) in each of the data directories ``roots``, all of
+    the target ``fingerprint``: a greedy and a sampled directory trained on together. A source
+    must be in at least one directory, and every directory must give something."""
+    if not roots:
+        raise ShardError("no data directory given")
+    if len({Path(root).resolve() for root in roots}) < len(roots):
+        raise ShardError(f"a data directory is named twice in {[str(root) for root in roots]}")
+    wanted = None if sources is None else set(sources)
+    chosen: Selection = []
+    for root in roots:
+        if not Path(root).is_dir():
+            raise ShardError(f"no data directory at {root}: grow one first (verispec train-data grow)")
+        data = DataDir(Path(root), fingerprint)
+        if not data.shards():
+            raise ShardError(f"{data.root} has no shards: grow it first (verispec train-data grow)")
+        infos = [info for info in data.shards() if wanted is None or info.source in wanted]
+        if not infos:
+            raise ShardError(f"{data.root} has no shards of {', '.join(sorted(wanted or ()))}")
+        chosen.append((data, infos))
+    found = {info.source for _, infos in chosen for info in infos}
+    if wanted is not None and (missing := wanted - found):
+        raise ShardError(f"no directory of {[str(root) for root in roots]} has shards of {', '.join(sorted(missing))}")
+    return chosen
+
+
+def selection_corpus(chosen: Selection) -> tuple[Corpus, str]:
+    """The sequences of every chosen shard, directory after directory, as one corpus, and a key
+    naming exactly those shards (one directory's: ``DataDir.corpus``'s key)."""
+    sequences = [sequence for data, infos in chosen for sequence in data.sequences(infos)]
+    keys = [data.key(infos) for data, infos in chosen]
+    key = keys[0] if len(keys) == 1 else hashlib.sha256(":".join(keys).encode()).hexdigest()[:16]
+    return Corpus.from_sequences(sequences), key
+
+
 def corpus_hidden_states(
-    data: DataDir,
-    infos: list[ShardInfo],
+    chosen: Selection,
     model: Any,
     layers: tuple[int, ...],
     progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
     """(P, len(layers) * D) bf16, memory-mapped: the target's hidden states at ``layers`` over
-    the corpus of ``infos`` (in that order, as ``DataDir.corpus`` concatenates them).
+    the corpus of ``chosen`` (in that order, as ``selection_corpus`` concatenates them).
 
-    Each shard's states are computed once (``hidden/NNNNNN-LAYERS.npy``; a file of more layers
-    serves fewer), so a grown directory only computes its new shards; the corpus's states are
-    then one file assembled from them, mapped rather than read (a few million positions of
-    several layers do not fit in memory)."""
-    folder = data.root / "hidden"
-    folder.mkdir(parents=True, exist_ok=True)
+    Each shard's states are computed once (``hidden/NNNNNN-LAYERS.npy`` in its directory; a
+    file of more layers serves fewer), so a grown directory only computes its new shards; the
+    corpus's states are then one file assembled from them in the first directory, mapped rather
+    than read (a few million positions of several layers do not fit in memory)."""
+    folder = chosen[0][0].root / "hidden"
     parts: list[tuple[Path, list[int]]] = []  # (file, columns of ``layers`` in it)
-    for done, info in enumerate(infos):
-        found = _shard_states(folder, info.number, layers)
-        if found is None:
-            states = hidden_states(model, data.load(info), layers)
-            path = folder / f"{info.number:06d}-{'-'.join(map(str, layers))}.npy"
-            staged = path.with_name(path.name + ".partial")
-            with staged.open("wb") as handle:
-                np.save(handle, states.view(torch.int16).numpy())
-            staged.replace(path)
-            found = (path, layers)
-        path, stored = found
-        width = int(model.config.hidden_size)
-        parts.append((path, [stored.index(layer) * width + c for layer in layers for c in range(width)]))
-        if progress is not None:
-            progress(done + 1, len(infos))
-    names = json.dumps([(p.name, len(c)) for p, c in parts])
+    total = sum(len(infos) for _, infos in chosen)
+    for data, infos in chosen:
+        own = data.root / "hidden"
+        own.mkdir(parents=True, exist_ok=True)
+        for info in infos:
+            found = _shard_states(own, info.number, layers)
+            if found is None:
+                states = hidden_states(model, data.load(info), layers)
+                path = own / f"{info.number:06d}-{'-'.join(map(str, layers))}.npy"
+                staged = path.with_name(path.name + ".partial")
+                with staged.open("wb") as handle:
+                    np.save(handle, states.view(torch.int16).numpy())
+                staged.replace(path)
+                found = (path, layers)
+            path, stored = found
+            width = int(model.config.hidden_size)
+            parts.append((path, [stored.index(layer) * width + c for layer in layers for c in range(width)]))
+            if progress is not None:
+                progress(len(parts), total)
+    names = json.dumps([(str(p.resolve()) if len(chosen) > 1 else p.name, len(c)) for p, c in parts])
     out = folder / f"corpus-{hashlib.sha256(names.encode()).hexdigest()[:16]}.npy"
     if not out.is_file():
         for old in folder.glob("corpus-*.npy"):
@@ -491,9 +538,13 @@ def grow(
     return GrowReport(source.name, before, held, sequences, shards, round(seconds, 2), exhausted)
 
 
-def answer_greedily(engine: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """The target's greedy answers (ids, the end-of-sequence token included when written) to
-    ``prompts`` (token ids), in their order, ``engine``'s slots at a time in shared passes."""
+def answer_prompts(
+    engine: Any, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+) -> list[list[int]]:
+    """The target's answers (ids, the end-of-sequence token included when written) to ``prompts``
+    (token ids), in their order, ``engine``'s slots at a time in shared passes: greedy, or
+    sampled at ``temperature`` with the i-th prompt's seed made from (``seed``, i), so the
+    same answers come back whatever the batch."""
     from verispec.scheduler import Scheduler
 
     slots = int(getattr(engine.target, "slots", 1))
@@ -504,7 +555,15 @@ def answer_greedily(engine: Any, prompts: list[list[int]], max_new_tokens: int) 
     while waiting or running:
         while waiting:
             index, ids = waiting[0]
-            request = engine.request(ids, drafter="none", k=0, max_tokens=max_new_tokens, temperature=0.0)
+            settings = GenerationSettings(temperature, max_new_tokens, seed)
+            request = engine.request(
+                ids,
+                drafter="none",
+                k=0,
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=None if temperature == 0 else settings.request_seed(str(index)),
+            )
             if not scheduler.can_start(request):
                 break
             running[scheduler.start(request)] = index
