@@ -335,6 +335,39 @@ def test_a_stalled_timing_moves_the_costs_a_bounded_step():
     assert model.step_seconds == pytest.approx(1.0 - 0.25 * 0.5)
 
 
+def test_a_pure_drafters_proposal_is_priced_whatever_k_it_is_cut_to():
+    model = CostModel.line(1.0, 0.1, 0.015, per_proposal=True)
+    assert model.draft_seconds(1) == model.draft_seconds(8) == 0.015 and model.draft_seconds(0) == 0.0
+    assert model.round_steps(4) == pytest.approx(0.015 + 1.4)
+    # Rounds offering 1..8 tokens of proposals that each took 0.015 s (the engine's time for
+    # the whole proposal): priced per offered token the estimate swung with k; per proposal
+    # it holds, and so does whether the drafter may shadow (at most 2% of a step).
+    per_token = CostModel.line(1.0, 0.1, 0.015)
+    for offered in [1, 8, 1, 1, 8, 2, 1]:
+        model.observe_draft(offered, 0.015)
+        per_token.observe_draft(offered, 0.015)
+    assert model.draft_seconds_per_proposal == pytest.approx(0.015) and Governor.can_shadow(model)
+    assert per_token.draft_seconds(8) > 8 * 0.015 / 2  # one 1-token round priced 8-token ones at 8x
+    # A shadowing plain round asked for a proposal too: it counts; a probing one's plain round did not.
+    model.observe_draft(0, 0.03, proposed=True)
+    assert model.draft_seconds_per_proposal == pytest.approx(0.015 + 0.25 * 0.015)
+    model.observe_draft(0, 0.5)
+    assert model.draft_seconds_per_proposal == pytest.approx(0.015 + 0.25 * 0.015)
+    assert not Governor.can_shadow(CostModel.line(1.0, 0.1, 0.03, per_proposal=True))
+
+
+def test_a_shadowing_governor_does_not_count_the_proposal_it_already_has():
+    """The proposal in hand is paid for whatever k is: at acceptance 0.3 with rows at 0.1 of a
+    step, k = 1 yields 1.3 tokens for 1.1 steps. A probing governor would pay 0.3 of a step for
+    the proposal first: 1.3 / 1.4, below plain, so it drafts nothing."""
+    dear = CostModel.line(1.0, 0.1, 0.3, per_proposal=True)
+    shadowing, probing = Governor(4, dear, shadow=True, start=[0.3]), Governor(4, dear, start=[0.3])
+    assert shadowing.best().k >= 1 and shadowing.best().predicted_speedup == pytest.approx(
+        max(rounds.expected_tokens_positional([0.3] * k) / (1 + 0.1 * k) for k in range(1, 5))
+    )
+    assert probing.best().k == 0
+
+
 def fresh_engine(engine):
     """An engine on ``engine``'s target with nothing learned yet: no calibrated costs and no
     acceptance memory, so its first request with a drafter is the one the bounds speak of."""
@@ -412,6 +445,9 @@ def test_engine_starts_a_request_from_the_drafters_recent_acceptance(tiny_engine
 
 def test_governed_decisions_are_visible_in_stats(tiny_engine):
     result = tiny_engine.generate("abc abc abc abc ab", drafter="lookup", k="auto", temperature=0, max_tokens=40)
+    # Lookup is pure: its calibration and the request's rounds priced it per proposal.
+    live = tiny_engine.planner.live["lookup"]
+    assert live.per_proposal and live.draft_seconds_per_proposal > 0 and live.draft_seconds_per_token == 0
     record = result.stats.as_dict()
     assert sum(record["k_chosen_histogram"].values()) == record["rounds"]
     assert {"governor_plain_rounds", "governor_probes", "cost_steps"} <= set(record)

@@ -1,7 +1,8 @@
 """The economics governor: how many tokens to draft in the next round (0 = a plain step).
 
-A round with k drafts costs ``k c + r(k + 1)`` seconds, where ``c`` is the drafter's time
-per proposed token and ``r(m)`` the verify time of m rows, and is expected to yield
+A round with k drafts costs ``d(k) + r(k + 1)`` seconds, where ``d(k)`` is the drafter's time
+(``k c`` for a drafter that computes each token, c per token; one proposal's time, whatever
+k, for a pure one such as prompt lookup) and ``r(m)`` the verify time of m rows, and is expected to yield
 ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`` tokens, where ``a_i`` is the acceptance at
 draft position i given the chain reached it (rounds.expected_tokens_positional). Plain
 decoding yields 1 token per ``r(1)``. Before each round the governor picks the k in
@@ -43,7 +44,7 @@ Batches: where requests share forward passes (``verispec.scheduler``), a request
 are rows every request of the pass waits for. With ``load`` (the other requests' rows in the
 pass, and the tokens they are expected to commit in it), a round of k drafts is priced for the
 batch: it yields ``(S + E(k)) / (S + 1)`` times the batch's plain tokens for
-``(k c + r(R + 1 + k)) / r(R + 1)`` of its plain passes, R and S the others' rows and tokens,
+``(d(k) + r(R + 1 + k)) / r(R + 1)`` of its plain passes, R and S the others' rows and tokens,
 so k shrinks as load grows and drafting stops where it would lower the batch's throughput.
 Alone (R = S = 0) this is the formula above. Verify timings then count for the pass's rows.
 
@@ -51,7 +52,10 @@ The governor only decides how many tokens are drafted. The acceptance rule, and 
 output distribution, is untouched.
 
 Costs: ``CostModel`` keeps r(m) as a line in m (a plain step plus a slope per row, both
-following the newest timings) and c as a running mean. An engine keeps one per drafter,
+following the newest timings) and the drafting time as a running mean, per token or, for
+a pure drafter, per proposal: a lookup or suffix proposal costs its index reads whatever
+the k it is cut to, and priced per offered token it read as 1 to 8 times dearer from round
+to round (whether suffix shadowed flipped from request to request). An engine keeps one per drafter,
 calibrated once and refined by every request; a request uses a snapshot of it.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
@@ -154,16 +158,23 @@ class CostModel:
     row_xx: float = 0.0  # forgetting sums of the slope's least squares: sum w x^2 ...
     row_xy: float = 0.0  # ... and sum w x y, x = m - 1, y = the time beyond a step
     draft_seconds_per_token: float = 0.0
+    # A pure drafter's proposal costs the same whatever k it is cut to: its time is per
+    # proposal (``draft_seconds_per_token`` then stays 0), paid by every round that asks for one.
+    per_proposal: bool = False
+    draft_seconds_per_proposal: float = 0.0
 
     @classmethod
-    def line(cls, step: float, per_row: float, draft: float = 0.0) -> CostModel:
-        """A known line: the slope counts as CALIBRATION_WEIGHT of evidence."""
+    def line(cls, step: float, per_row: float, draft: float = 0.0, per_proposal: bool = False) -> CostModel:
+        """A known line: the slope counts as CALIBRATION_WEIGHT of evidence. ``draft``: seconds
+        per drafted token, or per proposal where ``per_proposal``."""
         if step <= 0 or per_row < 0 or draft < 0:
             raise ValueError(f"costs must be positive (step {step}, per row {per_row}, draft {draft})")
-        return cls(step, CALIBRATION_WEIGHT, per_row * CALIBRATION_WEIGHT, draft)
+        return cls(step, CALIBRATION_WEIGHT, per_row * CALIBRATION_WEIGHT)._drafting(draft, per_proposal)
 
     @classmethod
-    def from_timings(cls, verify_seconds: dict[int, float], draft: float = 0.0) -> CostModel:
+    def from_timings(
+        cls, verify_seconds: dict[int, float], draft: float = 0.0, per_proposal: bool = False
+    ) -> CostModel:
         """From verify times by number of rows (a calibration): r(1) and the least-squares
         slope through the other sizes, never below zero; no slope evidence from one size."""
         if 1 not in verify_seconds:
@@ -172,8 +183,16 @@ class CostModel:
         xx = sum((m - 1) ** 2 for m in verify_seconds)
         xy = sum((m - 1) * (seconds - step) for m, seconds in verify_seconds.items())
         if xx == 0:
-            return cls(step, 0.0, 0.0, draft)
-        return cls.line(step, max(0.0, xy / xx), draft)
+            return cls(step)._drafting(draft, per_proposal)
+        return cls.line(step, max(0.0, xy / xx), draft, per_proposal)
+
+    def _drafting(self, seconds: float, per_proposal: bool) -> CostModel:
+        self.per_proposal = per_proposal
+        if per_proposal:
+            self.draft_seconds_per_proposal = seconds
+        else:
+            self.draft_seconds_per_token = seconds
+        return self
 
     @property
     def known(self) -> bool:
@@ -204,15 +223,25 @@ class CostModel:
             self.row_xx = ROW_FORGET * self.row_xx + x * x
             self.row_xy = ROW_FORGET * self.row_xy + x * (seconds - self.step_seconds)
 
-    def observe_draft(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
+    def draft_seconds(self, k: int) -> float:
+        """d(k): drafting k tokens (0: no proposal asked for)."""
+        if k <= 0:
+            return 0.0
+        return self.draft_seconds_per_proposal if self.per_proposal else k * self.draft_seconds_per_token
+
+    def observe_draft(self, tokens: int, seconds: float, proposed: bool | None = None) -> None:
+        """A round's drafting time: ``tokens`` offered; ``proposed``: whether the drafter was
+        asked at all (default: it offered something), which counts for per-proposal costs."""
+        if self.per_proposal:
+            if proposed if proposed is not None else tokens > 0:
+                self.draft_seconds_per_proposal += COST_EMA * (seconds - self.draft_seconds_per_proposal)
+        elif tokens > 0:
             per_token = seconds / tokens
             self.draft_seconds_per_token += COST_EMA * (per_token - self.draft_seconds_per_token)
 
     def round_steps(self, k: int) -> float:
         """Cost of a round of k drafts in plain decode steps; never below one step."""
-        seconds = rounds.round_cost_steps(k, self.draft_seconds_per_token, self.verify(k + 1))
-        return max(1.0, seconds / self.verify(1))
+        return max(1.0, (self.draft_seconds(k) + self.verify(k + 1)) / self.verify(1))
 
 
 @dataclass(frozen=True)
@@ -335,21 +364,27 @@ class Governor:
         first = estimates.expected(1)[0]
         if 1.0 + self.k_max * first < MIN_GAIN:
             return best
-        load, costs = self.load, self.costs
-        plain = costs.verify(load.rows + 1)
+        plain = self.costs.verify(self.load.rows + 1)
+        load = self.load
         for k in range(1, self.k_max + 1):
-            verify = costs.verify(load.rows + 1 + k)
-            cost = max(1.0, rounds.round_cost_steps(k, costs.draft_seconds_per_token, verify) / plain)
+            cost = max(1.0, self._round_seconds(k) / plain)
             gain = (load.tokens + rounds.expected_tokens_positional(estimates.expected(k))) / (load.tokens + 1.0)
             speed = gain / cost
             if speed > best.predicted_speedup:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
 
+    def _round_seconds(self, k: int) -> float:
+        """A round of k drafts in this batch. A shadowing governor decides with the proposal
+        in hand: its time is spent whatever k is, so it does not count."""
+        costs = self.costs
+        drafting = k * costs.draft_seconds_per_token if self.shadow else costs.draft_seconds(k)
+        return drafting + costs.verify(self.load.rows + 1 + k)
+
     @staticmethod
     def can_shadow(costs: CostModel) -> bool:
         """Whether proposals are cheap enough to ask for in every plain round."""
-        return costs.draft_seconds_per_token <= SHADOW_MAX_COST * costs.verify(1)
+        return costs.draft_seconds(1) <= SHADOW_MAX_COST * costs.verify(1)
 
     def next_k(self, source: Source = None) -> Decision:
         """k for the next round, whose proposal comes from ``source``."""
@@ -388,15 +423,14 @@ class Governor:
         scale; the set with the most predicted tokens per second, priced as ``best`` prices
         rows. Empty: a plain round. Shadowing governors only (the proposal comes first)."""
         self.current = source
-        estimates, load, costs = self.estimates(source), self.load, self.costs
+        estimates = self.estimates(source)
         chances = node_chances(parents, frequencies, estimates.expected(max(depths(parents))), self.branching.scale)
-        plain = costs.verify(load.rows + 1)
+        plain = self.costs.verify(self.load.rows + 1)
 
         def steps(n: int) -> float:
-            seconds = rounds.round_cost_steps(n, costs.draft_seconds_per_token, costs.verify(load.rows + 1 + n))
-            return max(1.0, seconds / plain)
+            return max(1.0, self._round_seconds(n) / plain)
 
-        choice = best_nodes(chances, steps, len(parents), load.tokens, MIN_GAIN)
+        choice = best_nodes(chances, steps, len(parents), self.load.tokens, MIN_GAIN)
         self.plain_by_governor += int(not choice.nodes)
         return choice
 
@@ -410,6 +444,7 @@ class Governor:
         verify_seconds: float,
         rows: int | None = None,
         first_chance: float | None = None,
+        proposed: bool | None = None,
     ) -> None:
         """What a round that verified the nodes ``offered`` of the proposed tree ``parents``
         did: ``path`` its accepted nodes, root to leaf (in the tree's numbering). Each position
@@ -429,12 +464,14 @@ class Governor:
         estimates.drift(len(outcome.first_hits))
         for share, taken in outcome.later_offers:
             self.branching.observe(share, taken)
-        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows)
+        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows, proposed)
 
-    def _observe_costs(self, offered: int, draft_seconds: float, verify_seconds: float, rows: int | None) -> None:
+    def _observe_costs(
+        self, offered: int, draft_seconds: float, verify_seconds: float, rows: int | None, proposed: bool | None
+    ) -> None:
         if self.adapt_costs:
             self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
-            self.costs.observe_draft(offered, draft_seconds)
+            self.costs.observe_draft(offered, draft_seconds, proposed)
 
     def probe_extra_steps(self) -> float:
         """What a probe costs beyond the plain step it replaces, in plain steps."""
@@ -449,11 +486,18 @@ class Governor:
         return max(MAX_BACKOFF, math.ceil(self.probe_extra_steps() / PROBE_BUDGET))  # >= first_backoff()
 
     def observe(
-        self, offered: int, accepted: int, draft_seconds: float, verify_seconds: float, rows: int | None = None
+        self,
+        offered: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        rows: int | None = None,
+        proposed: bool | None = None,
     ) -> None:
         """What the round did: drafts offered (from the source ``next_k`` was given), the
         accepted prefix, and its timings; ``rows``: of the verify pass, where other requests
-        shared it (default: the round's own, offered + 1)."""
+        shared it (default: the round's own, offered + 1); ``proposed``: whether the drafter
+        was asked (default: it offered something; a shadowing plain round asked it too)."""
         if self.last_was_probe and offered == 0:
             # The drafter had nothing to offer: a plain step that examined nothing. The
             # probe is still due, and the back-off must not grow on no evidence.
@@ -470,7 +514,7 @@ class Governor:
         for i in range(min(accepted + 1, offered)):
             estimates.update(i, 1.0 if i < accepted else 0.0, weight)
         estimates.drift(min(accepted + 1, offered))
-        self._observe_costs(offered, draft_seconds, verify_seconds, rows)
+        self._observe_costs(offered, draft_seconds, verify_seconds, rows, proposed)
 
     def observe_shadow(self, acceptance: float) -> None:
         """A plain round's shadow draft (from the current source): the probability in [0, 1]

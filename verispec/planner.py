@@ -73,6 +73,7 @@ class RequestPlanner:
         self.fixed_k = fixed_k
         self.governor = governor
         self._shadow = NO_DRAFT  # the last plan's shadow draft
+        self._proposed = False  # whether the last plan asked the drafter for a proposal
         # The last plan's proposed tree and the nodes it verifies, where a governor sized one.
         self._tree: tuple[Draft, list[int]] | None = None
         # Whether the rounds' verify passes take trees (the engine clears it where they do not:
@@ -85,6 +86,7 @@ class RequestPlanner:
         (ignored by a reproducible request, whose k schedule must not depend on its neighbours)."""
         governor, drafter = self.governor, self.drafter
         self._tree = None
+        self._proposed = False
         if governor is not None and governor.adapt_costs:
             governor.load = load
         if governor is None:
@@ -94,6 +96,7 @@ class RequestPlanner:
             # The drafter is pure and nearly free: its proposal comes first, so the governor
             # decides knowing what it is based on (``Draft.source``).
             offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
+            self._proposed = True
             offer = offer if self.trees else offer.main_chain()
             if offer.is_tree and offer.frequencies is not None:
                 assert offer.parents is not None
@@ -112,6 +115,7 @@ class RequestPlanner:
             k = min(choice.k, room - 1)
             # Trees are sized only for the proposal in hand (shadowing): here, the chain of k.
             draft = prefix(drafter.propose(context, k, rng).main_chain(), k) if k > 0 else NO_DRAFT
+            self._proposed = k > 0
             # A probe the drafter left empty examined nothing.
             self.stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
             plan = Plan(k, draft)
@@ -146,10 +150,18 @@ class RequestPlanner:
             if nodes[0] != 0 and shadow_acceptance is not None:
                 chance = shadow_acceptance(tree.select([0]))
             governor.observe_tree(
-                tree.parents, tree.frequencies, nodes, kept, draft_seconds, verify_seconds, verify_rows, chance
+                tree.parents,
+                tree.frequencies,
+                nodes,
+                kept,
+                draft_seconds,
+                verify_seconds,
+                verify_rows,
+                chance,
+                self._proposed,
             )
         else:
-            governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows)
+            governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows, self._proposed)
         if self._shadow.tokens:
             if shadow_acceptance is None:
                 raise ValueError("a round with a shadow draft needs its acceptance at the first position")
@@ -222,7 +234,8 @@ def calibrate(
     k_max: int,
 ) -> CostModel:
     """Time verify passes of 1..k_max + 1 rows on the pending token (``context[-1]``, not yet
-    in the target's cache), and the drafter's proposals; the cache is left as it was."""
+    in the target's cache), and the drafter's proposals (per token, or per proposal for a
+    pure drafter, whose proposal costs the same whatever k); the cache is left as it was."""
     timings: dict[int, float] = {}
     pending = len(context) - 1
     rows_up_to = min(k_max + 1, target.context_length - pending)
@@ -251,8 +264,8 @@ def calibrate(
             offered = len(drafter.propose(context, min(PROBE_K, k_max), scratch).tokens)
             fastest = min(fastest, time.perf_counter() - start)
             drafter.observe(context, 0)
-        draft = fastest / offered if offered else 0.0
-    return CostModel.from_timings(timings, draft)
+        draft = fastest if drafter.pure_proposals else fastest / offered if offered else 0.0
+    return CostModel.from_timings(timings, draft, drafter.pure_proposals)
 
 
 def row_acceptance(target_row: NDArray[np.float64]) -> ShadowAcceptance:

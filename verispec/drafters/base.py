@@ -24,7 +24,8 @@ Two attributes say what a drafter needs of the engine (every drafter sets both):
   later call sees) and cheap: the engine then asks it for its proposal of up to k_max
   tokens before the governor decides how many of them to verify (a proposal of k tokens
   must be the first k of a longer one), and in plain rounds its first token is a shadow
-  draft that shows whether drafting would pay again (``verispec.governor``). False otherwise.
+  draft that shows whether drafting would pay again (``verispec.governor``); its cost is
+  priced per proposal, whatever the k it is cut to. False otherwise.
 
 A drafter proposes and observes; it never decides acceptance. The engine creates drafters
 through ``verispec.drafters.registry.create_drafter(name, ...)``, the only place names are
