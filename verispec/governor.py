@@ -2,9 +2,10 @@
 
 A round with k drafts costs ``d(k) + r(k + 1)`` seconds, where ``d(k)`` is the drafter's time
 (``k c`` for a drafter that computes each token, c per token; one proposal's time, whatever
-k, for a pure one such as prompt lookup) and ``r(m)`` the verify time of m rows, and is expected to yield
-``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`` tokens, where ``a_i`` is the acceptance at
-draft position i given the chain reached it (rounds.expected_tokens_positional). Plain
+k, for a pure one such as prompt lookup) and ``r(m)`` the verify time of m rows, and is
+expected to yield ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`` tokens, where ``a_i`` is
+the acceptance at draft position i given the chain reached it
+(rounds.expected_tokens_positional). Plain
 decoding yields 1 token per ``r(1)``. Before each round the governor picks the k in
 [0, k_max] with the most predicted tokens per second; drafting pays when that beats plain.
 
@@ -55,8 +56,8 @@ Costs: ``CostModel`` keeps r(m) as a line in m (a plain step plus a slope per ro
 following the newest timings) and the drafting time as a running mean, per token or, for
 a pure drafter, per proposal: a lookup or suffix proposal costs its index reads whatever
 the k it is cut to, and priced per offered token it read as 1 to 8 times dearer from round
-to round (whether suffix shadowed flipped from request to request). An engine keeps one per drafter,
-calibrated once and refined by every request; a request uses a snapshot of it.
+to round (whether suffix shadowed flipped from request to request). An engine keeps one per
+drafter, calibrated once and refined by every request; a request uses a snapshot of it.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
 recent requests, and a request's estimate there starts from it instead of the prior
@@ -364,8 +365,8 @@ class Governor:
         first = estimates.expected(1)[0]
         if 1.0 + self.k_max * first < MIN_GAIN:
             return best
-        plain = self.costs.verify(self.load.rows + 1)
         load = self.load
+        plain = self.costs.verify(load.rows + 1)
         for k in range(1, self.k_max + 1):
             cost = max(1.0, self._round_seconds(k) / plain)
             gain = (load.tokens + rounds.expected_tokens_positional(estimates.expected(k))) / (load.tokens + 1.0)
