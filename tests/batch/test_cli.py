@@ -45,6 +45,13 @@ def wait_for_records(path: Path, count: int, process: subprocess.Popen[str], tim
     raise AssertionError(f"no {count} records in {timeout} s")
 
 
+def default_interrupt() -> None:
+    """In the child before it runs: Ctrl+C as a terminal delivers it. A suite started in the
+    background of a non-interactive shell runs with SIGINT ignored, which children inherit
+    (Python then installs no KeyboardInterrupt handler, and the interrupt would be lost)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_or_killed_job_resumes_without_losing_or_repeating_a_record(tmp_path, chat_dir):
     # Long enough (greedy, one request at a time) that the job is still running when stopped:
     # the native decoder runs the tiny model's 12 requests in under a second now, so 200.
@@ -54,7 +61,9 @@ def test_an_interrupted_or_killed_job_resumes_without_losing_or_repeating_a_reco
     command = batch_command(source, out, "--model", str(chat_dir), "--max-running", "1")
 
     # 1. Ctrl+C: what was written stays; the job says how to resume.
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_interrupt
+    )
     wait_for_records(out, 2, first)
     first.send_signal(signal.SIGINT)
     _, stderr = first.communicate(timeout=120)
