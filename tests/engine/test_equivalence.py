@@ -1,12 +1,10 @@
 """Greedy equivalence: speculative output equals plain output token for token, on the torch
 backend (fp32, exact rows) and the native backend (its kernels)."""
 
-import contextlib
-
 import pytest
 
+from tests.engine.prices import drafter_prices
 from tests.engine.scripted import ScriptDrafter
-from verispec.governor import CostModel
 
 PROMPTS = ["the cat sat on the mat. the cat sat", "abc abc abc abc ab", "Hello world"]
 MAX_TOKENS = 48
@@ -64,26 +62,6 @@ def test_suffix_learns_from_earlier_requests_and_stays_exact(either_engine, k):
     # The second pass repeats requests the cache holds whole: their outputs are drafted.
     assert again > first and again >= 0.9 * offered, passes
     assert drafter.cache.documents == 2 * len(PROMPTS)
-
-
-@contextlib.contextmanager
-def drafter_prices(engine, name="suffix"):
-    """Yields a setter of a drafter's round costs in the engine's planner (a verify row at the
-    given share of a plain step, free proposals, calibrated and live alike); puts back what
-    was there after."""
-    planner = engine.planner
-    saved = {table: dict(getattr(planner, table)) for table in ("calibrated", "live", "acceptance")}
-
-    def set_costs(per_row: float) -> None:
-        planner.calibrated[name] = CostModel.line(0.01, 0.01 * per_row)
-        planner.live[name] = CostModel.line(0.01, 0.01 * per_row)
-        planner.acceptance.pop(name, None)
-
-    try:
-        yield set_costs
-    finally:
-        for table, values in saved.items():
-            setattr(planner, table, values)
 
 
 def branching_suffix(engine, scope):
