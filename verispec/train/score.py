@@ -117,8 +117,8 @@ def all_anchors(corpus: data.Corpus) -> torch.Tensor:
 # One draft step of a walk along a sequence: (step, alive rows, the drafter's outputs there
 # (a, D), the positions drafted for (a,)) -> (the tokens it goes on from (a,), which rows go on).
 Choose = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-# Per sequence: (its index, its tokens, the anchors' rows among all anchors) -> its Choose.
-MakeChoose = Callable[[int, torch.Tensor, torch.Tensor], Choose]
+# Per sequence: (its tokens, its anchors' rows among all anchors) -> its Choose.
+MakeChoose = Callable[[torch.Tensor, torch.Tensor], Choose]
 
 
 @torch.inference_mode()
@@ -136,7 +136,7 @@ def _walk(
         tokens = corpus.tokens[start : start + length]
         features = corpus.hidden[start : start + length].to(torch.float32)
         local = anchors[rows] - start
-        choose = make(index, tokens, rows)
+        choose = make(tokens, rows)
         if isinstance(net, HeadNet):
             _head_walk(net, shared, tokens, features, int(corpus.prompt_lengths[index]), local, k, choose)
         elif isinstance(net, BlockNet):
@@ -167,7 +167,7 @@ def chains(
     anchors = _checked_anchors(corpus, anchors)
     drafts = torch.full((len(anchors), k), NOT_DRAFTED, dtype=torch.long)
 
-    def make(index: int, tokens: torch.Tensor, rows: torch.Tensor) -> Choose:
+    def make(tokens: torch.Tensor, rows: torch.Tensor) -> Choose:
         def choose(
             step: int, alive: torch.Tensor, outputs: torch.Tensor, where: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,19 +211,20 @@ def sampled_acceptance(
     offered = torch.zeros(k, dtype=torch.long)
     accepted = torch.zeros(k, dtype=torch.float64)
 
-    def make(index: int, tokens: torch.Tensor, rows: torch.Tensor) -> Choose:
+    def make(tokens: torch.Tensor, rows: torch.Tensor) -> Choose:
         p = target_probs(tokens)[:, shared.vocab_ids].to(torch.float64)  # (L, N): q is zero elsewhere
         length = len(tokens)
 
         def choose(
             step: int, alive: torch.Tensor, outputs: torch.Tensor, where: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            exists = where < length
-            q = torch.softmax(shared.draft_logits(net.logits_input(outputs[exists])).double() / temperature, -1)  # type: ignore[operator]
-            offered[step] += int(exists.sum())
-            accepted[step] += torch.minimum(p[where[exists] - 1], q).sum()
+            # Every ``where`` holds a token: anchors end 2 before the sequence, and a chain
+            # goes on only where the next position exists.
+            q = torch.softmax(shared.draft_logits(net.logits_input(outputs)).double() / temperature, -1)  # type: ignore[operator]
+            offered[step] += len(where)
+            accepted[step] += torch.minimum(p[where - 1], q).sum()
             # The next draft goes on from the answer's own token.
-            return tokens[where.clamp_max(length - 1)], where + 1 < length
+            return tokens[where], where + 1 < length
 
         return choose
 
@@ -381,7 +382,9 @@ def eval_corpus(
     batches, greedy only."""
     if not prompts:
         raise ValueError("no eval prompts to score on")
-    if temperature < 0 or (temperature > 0 and answer is None):
+    if temperature < 0:
+        raise ValueError(f"the eval answers' temperature must be >= 0, got {temperature}")
+    if temperature > 0 and answer is None:
         raise TrainError(
             f"sampled eval answers (temperature {temperature}) come from the native target, which did not load"
         )

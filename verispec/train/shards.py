@@ -552,10 +552,10 @@ def answer_prompts(
     answers: list[list[int]] = [[] for _ in prompts]
     waiting = list(enumerate(prompts))
     running: dict[Any, int] = {}
+    settings = GenerationSettings(temperature, max_new_tokens, seed)
     while waiting or running:
         while waiting:
             index, ids = waiting[0]
-            settings = GenerationSettings(temperature, max_new_tokens, seed)
             request = engine.request(
                 ids,
                 drafter="none",
