@@ -10,7 +10,9 @@ machine drift hits all alike) and reports medians.
 A configuration ``native`` times verispec's native decoder with the file's own formats, and
 ``native:WEIGHTS`` with ``--weights WEIGHTS`` (bf16, int8, int4); ``native-torch`` and
 ``native-compiled`` time the native decoder's torch path, eager and through ``torch.compile``
-(its compile time is spent in the load's self-test, before any timing); ``llama.cpp`` times the
+(its compile time is spent in the load's self-test, before any timing); ``native-vector`` times
+the native decoder with its AMX kernel off (the vector kernels on every pass; where the CPU has
+no AMX tiles it is ``native``); ``llama.cpp`` times the
 llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on another GGUF file
 (another quantisation type, say):
 
@@ -27,6 +29,15 @@ import time
 from verispec import models
 from verispec.targets.base import Target
 from verispec.targets.torch_target import TorchTarget, parse_dtype
+
+
+def use_amx(config: str) -> None:
+    """The AMX kernel on for every configuration but ``native-vector`` (one switch per process)."""
+    from verispec.native import kernels
+
+    module = kernels.load()
+    if module is not None:
+        module.set_amx_min_rows(0 if config.startswith("native-vector") else -1)
 
 
 def main() -> None:
@@ -52,6 +63,7 @@ def main() -> None:
 
             path = {
                 "native": {},
+                "native-vector": {},
                 "native-torch": {"torch_path": True},
                 "native-compiled": {"torch_path": True, "compile": True},
             }
@@ -72,6 +84,7 @@ def main() -> None:
     times: dict[tuple[str, int], list[float]] = {(c, m): [] for c in targets for m in args.rows}
     for repeat in range(args.repeats + 3):
         for config, target in targets.items():
+            use_amx(config)
             for rows in args.rows:
                 start = time.perf_counter()
                 target.verify([42] * rows)

@@ -1,4 +1,4 @@
-"""What the CPU offers this process: the cores it may run on and whether bf16 runs natively.
+"""What the CPU offers this process: the cores it may run on, whether bf16 runs natively, AMX.
 
 No torch here: the llama.cpp backend sizes its threads with ``cpu_threads`` and must not
 load torch to do so.
@@ -17,11 +17,21 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_has_native_bf16() -> bool:
-    """True on x86 CPUs with avx512_bf16 or AMX-BF16, where bf16 matmuls run natively."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as handle:
             flags = next((line for line in handle if line.startswith("flags")), "")
     except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+        return frozenset()
+    return frozenset(flags.partition(":")[2].split())
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with avx512_bf16 or AMX-BF16, where bf16 matmuls run natively."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_has_amx_int8() -> bool:
+    """True on x86 CPUs with AMX tiles for int8 (Sapphire Rapids and later)."""
+    return {"amx_tile", "amx_int8"} <= cpu_flags()

@@ -129,3 +129,28 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
     inputs = quantised_activations(x.numpy())
     expected = inputs.astype(np.float64) @ weights.dequantize().astype(np.float64).T
     assert np.abs(whole.numpy() - expected).max() / np.abs(expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("count", [2, 3, 7, 8, 9, 16, 17, 40])
+def test_the_amx_kernel_gives_each_row_what_the_vector_kernels_give(ext, name, count):
+    # Where the CPU has AMX tiles, passes of several rows take them: integer half-block sums
+    # from tile products, then the vector kernels' float steps in their order. 36 outputs: two
+    # groups of 16 and a part group; 96 columns: three blocks (an odd number: the kernel works
+    # on blocks in pairs); -128 among the 8-bit codes. Rows past a multiple of 8 are padding.
+    if not ext.amx_available():
+        pytest.skip("no AMX tiles on this CPU (or VERISPEC_AMX=0): the vector kernels run every pass")
+    values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
+    raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
+    if name == "Q8_0":
+        raw.reshape(36, 3, 34)[:, :, 2:6] = 0x80
+    m = matrix(ext, formats.from_ggml(raw, GGML[name], 36, 96))
+    x = torch.from_numpy(RNG.standard_normal((count, 96)).astype(np.float32) * 3)
+    try:
+        ext.set_amx_min_rows(0)
+        vector = ext.apply(m, x)
+        ext.set_amx_min_rows(2)
+        tiles = ext.apply(m, x)
+    finally:
+        ext.set_amx_min_rows(-1)
+    assert torch.equal(tiles, vector)

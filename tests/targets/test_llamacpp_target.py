@@ -1,5 +1,8 @@
 """The llama.cpp backend on a tiny GGUF written in the tests: rows, rollback, the engine on it."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -135,3 +138,23 @@ def test_same_seed_same_output(llama_engine):
     first = llama_engine.generate("abc abc", seed=5, **options)
     assert llama_engine.generate("abc abc", seed=5, **options).token_ids == first.token_ids
     assert llama_engine.target.cached_tokens == 0
+
+
+def test_the_embedded_model_runs_on_llama_cpp_on_this_cpu():
+    # The shipped Q4_1 file through llama.cpp's own kernels, in a child process: on a CPU with
+    # AMX tiles, ggml's AMX matmul crashed the process (a segfault, not an exception), so the
+    # backend keeps the weights out of ggml's extra buffer types there. Greedy tokens equal to
+    # the native decoder's would need the same arithmetic; a finite, well-formed row is asked.
+    script = (
+        "import numpy as np\n"
+        "from verispec import models\n"
+        "from verispec.targets.llamacpp import LlamaCppTarget\n"
+        "target = LlamaCppTarget(str(models.embedded_gguf_path()))\n"
+        "target.prefill([42] * 200)\n"
+        "rows = target.verify([42] * 5)\n"
+        "assert rows.shape == (5, target.vocab_size) and np.isfinite(rows).all()\n"
+        "print('rows', rows.shape)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "rows (5, 49152)" in done.stdout

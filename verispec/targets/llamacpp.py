@@ -82,13 +82,18 @@ class LlamaCppTarget:
             raise TargetError(
                 "the llama.cpp backend needs llama-cpp-python (pip install 'verispec[llamacpp]')"
             ) from error
-        from verispec.cpu import cpu_threads
+        from verispec.cpu import cpu_has_amx_int8, cpu_threads
 
         self._lib = llama_cpp
         self.name = name or Path(path).name
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
         model_params.progress_callback = _quiet(llama_cpp)[0]
+        # Where the CPU has AMX tiles, ggml moves quantised weights into its AMX buffers, and
+        # its AMX matmul crashes the process on the embedded Q4_1 model (a segfault in
+        # ggml_backend_amx_mul_mat, llama-cpp-python 0.3.36 built with -march=native). Without
+        # the extra buffer types the weights stay in the CPU backend's own kernels.
+        model_params.use_extra_bufts = not cpu_has_amx_int8()
         model = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), model_params)
         if not model:
             raise TargetError(f"llama.cpp could not load {path}")

@@ -158,6 +158,8 @@ class NativeTarget:
         """What runs, for the CLI and the bench: the path and the weights."""
         compiled = getattr(self.decoder, "compile_seconds", None)
         path = f"torch, compiled in {compiled:.0f} s" if compiled is not None else self.decoder.path
+        if getattr(self.decoder, "amx", False):
+            path += " (AMX tiles for passes of several rows)"
         return f"native {path}, {checkpoints.describe(self.checkpoint)}"
 
     @property

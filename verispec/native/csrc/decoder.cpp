@@ -14,7 +14,8 @@
 // packed in tiles of 4 output rows so that one tile's bytes are contiguous (see pack.py).
 // Quantised matrices multiply activations quantised per row to 8 bits in blocks of 32
 // (xq, with scale dx and dx * sum(xq)), with integer dot products inside a block, as
-// llama.cpp does; float matrices multiply float32 activations.
+// llama.cpp does; float matrices multiply float32 activations. Where the CPU has AMX tiles,
+// passes of several rows take them for the integer products (see matmul_amx).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -29,6 +30,7 @@
 #include <thread>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -54,6 +56,14 @@
 #define VS_VNNI 1
 #define VS_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #endif
+#endif
+
+// AMX tiles (int8) for passes of many rows, where the CPU has them (runtime-checked too: the
+// kernel must grant the process the tile state).
+#if defined(VS_AVX2) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#define VS_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace vs {
@@ -317,6 +327,24 @@ static inline uint16_t float_to_fp16(float f) {
 }
 
 // ---------------------------------------------------------------------------------------
+// AMX's tile state: Linux keeps it off until the process asks for it, once.
+
+static bool amx_permitted() {
+#ifdef VS_AMX
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+#else
+  return false;
+#endif
+}
+
+// VERISPEC_AMX=0 keeps the AMX kernel (and its copy of the weights) out.
+static bool amx_wanted() {
+  const char* setting = std::getenv("VERISPEC_AMX");
+  return !(setting != nullptr && std::strcmp(setting, "0") == 0) && amx_permitted();
+}
+
+// ---------------------------------------------------------------------------------------
 // Weights.
 
 struct Matrix {
@@ -324,11 +352,19 @@ struct Matrix {
   at::Tensor data, scale, minimum, bias;  // owners of the memory below
   const void* raw = nullptr;              // data
   const float *d = nullptr, *m = nullptr, *b = nullptr;  // scale, minimum, bias (or null)
+  // The AMX kernel's copy of a quantised matrix, where it runs (prepack_amx; else empty).
+  at::Tensor amx_data, amx_scales;
+  const uint8_t* amx_codes = nullptr;
+  const float *amx_d = nullptr, *amx_m = nullptr;
   int64_t tiles() const { return (rows + TILE - 1) / TILE; }
   int64_t blocks() const { return cols / QK; }
   bool quantized() const { return format == Q8_0 || format == Q4; }
   bool floating() const { return !quantized(); }
 };
+
+#ifdef VS_AMX
+static void prepack_amx(Matrix& m);
+#endif
 
 static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor data,
                           std::optional<at::Tensor> scale_, std::optional<at::Tensor> minimum_,
@@ -353,6 +389,9 @@ static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor
   if (scale.defined()) m.d = scale.data_ptr<float>();
   if (minimum.defined()) m.m = minimum.data_ptr<float>();
   if (bias.defined()) m.b = bias.data_ptr<float>();
+#ifdef VS_AMX
+  if (quantized && amx_wanted()) prepack_amx(m);
+#endif
   return m;
 }
 
@@ -404,6 +443,7 @@ struct QuantRows {
   std::vector<float> d8, s8;
   // q + 128 as unsigned bytes (q ^ 0x80; q is never -128), for tile_quant_vnni on 8-bit weights.
   std::vector<uint8_t> biased;
+  std::vector<int8_t> amx;  // the rows' codes in the AMX kernel's tiles (matmul_amx)
 };
 
 constexpr int64_t LANES = 8;  // rows per group in the lanes kernel
@@ -809,9 +849,234 @@ static void run_tile(const Matrix& w, int64_t t, const float* x, const QuantRows
 // costs more than it saves (and far more on a busy machine, where it may wait for a core).
 constexpr int64_t MIN_PARALLEL_WORK = 1 << 16;
 
+static void add_bias(const Matrix& w, int64_t M, float* y, int64_t ldy) {
+  if (w.b != nullptr) {
+    for (int64_t r = 0; r < M; r++)
+      for (int64_t n = 0; n < w.rows; n++) y[r * ldy + n] += w.b[n];
+  }
+}
+
+// Passes of at least AMX_MIN_ROWS rows take the AMX kernel where there is one (-1: that
+// default; set_amx_min_rows). Whole verify passes of the embedded model on 2 cores, vector
+// kernels against AMX: 2 rows 8.6 / 7.8 ms (noisy, either way), 3 rows 10.4 / 8.4, 5 rows
+// 15.6 / 9.7, 9 rows 16.0 / 13.2, 16 rows 21.7 / 17.0; a single row is bound by reading the
+// weights and keeps its kernel.
+static std::atomic<int64_t> amx_min_rows_{-1};
+constexpr int64_t AMX_MIN_ROWS = 3;
+
+#ifdef VS_AMX
+// ---------------------------------------------------------------------------------------
+// AMX (Intel's tile matrix unit): 8 rows x 16 outputs of a quantised matrix at a time.
+// One tile instruction gives the exact integer dot products of 8 rows' and 16 outputs' codes
+// over a block, each half block's apart (see amx_chunk): the very integers the other kernels
+// sum (integer sums do not depend on their order). The float steps then follow tile_quant's
+// per (row, output) order: each half's integer times d_w * d_x accumulated over the blocks in
+// order, the halves added, then Q4's minimums: bit for bit tile_quant's results, so which
+// kernel ran a row never shows (tests/native/test_kernels.py; the load-time self-test).
+//
+// Weights in AMX's layout (prepack_amx, at load; a second copy beside the packed tiles):
+// per group of 16 outputs and block, row k of a tile holds bytes 4k .. 4k + 3 of each
+// output's codes. The integer work is the tile unit's; the float steps (a convert and a fused
+// multiply-add per half, 16 outputs a vector) are the bound, at about 1.5x the vector
+// kernels' speed from 3 rows up.
+
+constexpr int64_t AMX_ROWS = 8, AMX_OUTPUTS = 16, AMX_HALF = 16;
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0, 1: two blocks' sums (16 x 16 int32); 2, 3: their rows' codes (16 x 32 bytes);
+// 4, 5: their weights (8 x 64 bytes).
+static void load_amx_config() {
+  alignas(64) TileConfig config;
+  for (int i = 0; i < 2; i++) config.rows[i] = 2 * AMX_ROWS, config.colsb[i] = 4 * AMX_OUTPUTS;
+  for (int i = 2; i < 4; i++) config.rows[i] = 2 * AMX_ROWS, config.colsb[i] = 2 * AMX_HALF;
+  for (int i = 4; i < 6; i++) config.rows[i] = 2 * AMX_HALF / 4, config.colsb[i] = 4 * AMX_OUTPUTS;
+  _tile_loadconfig(&config);
+}
+
+// Rows r0 .. r0 + 8 (those below M stored) times group g, the group's weight tiles at
+// ``tiles`` ([blocks][8][64] bytes: rows 0-3 the first half, 4-7 the second). ``xa``: the
+// chunk's codes as tiles of [blocks][16][32] bytes, row r holding row r's first half and 16
+// zeros, row 8 + r 16 zeros and its second half: one tile product gives both halves' sums,
+// rows 0-7 and 8-15 of the result. Every tile a block uses has a twin for the next block, so
+// the tile unit works on block b + 1 while the vector unit scales block b's sums, and the 16
+// accumulators (8 rows, 2 halves) stay in registers.
+// R: the rows (of 8) whose sums are scaled, at least those below M (a last chunk of 1 row
+// takes the tile products of 8, but scales 1).
+template <bool Q4BLOCKS, int R>
+static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const int8_t* xa, const QuantRows& xq,
+                      int64_t r0, int64_t M, float* y, int64_t ldy) {
+  const int64_t B = w.blocks();
+  const float* DX = xq.d.data() + r0 * B;
+  const float* dw = w.amx_d + g * B * AMX_OUTPUTS;
+  alignas(64) int32_t sums[2 * AMX_ROWS][AMX_OUTPUTS];
+  __m512 acc[2][R];
+  for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+  // Q4: signed codes of the rows times unsigned 4-bit weights; Q8: both signed.
+#define VS_AMX_ISSUE(b, c, a, w)                         \
+  do {                                                   \
+    _tile_loadd(a, xa + (b) * 2 * AMX_ROWS * 32, 32);    \
+    _tile_loadd(w, tiles + (b) * 512, 64);               \
+    _tile_zero(c);                                       \
+    if (Q4BLOCKS)                                        \
+      _tile_dpbsud(c, a, w);                             \
+    else                                                 \
+      _tile_dpbssd(c, a, w);                             \
+  } while (0)
+#define VS_AMX_SCALE(b)                                                                         \
+  do {                                                                                          \
+    const __m512 d = _mm512_loadu_ps(dw + (b) * AMX_OUTPUTS);                                   \
+    for (int r = 0; r < R; r++) {                                                               \
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + (b)]));                   \
+      for (int h = 0; h < 2; h++)                                                               \
+        acc[h][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[h * AMX_ROWS + r])), scale, acc[h][r]); \
+    }                                                                                           \
+  } while (0)
+  // The tile unit runs its instructions in order: a block's sums are stored before the next
+  // block's product is issued, which then runs while the vector unit scales them.
+  VS_AMX_ISSUE(0, 0, 2, 4);
+  for (int64_t b = 0; b < B; b += 2) {
+    _tile_stored(0, sums, 4 * AMX_OUTPUTS);
+    if (b + 1 < B) VS_AMX_ISSUE(b + 1, 1, 3, 5);
+    VS_AMX_SCALE(b);
+    if (b + 1 < B) {
+      _tile_stored(1, sums, 4 * AMX_OUTPUTS);
+      if (b + 2 < B) VS_AMX_ISSUE(b + 2, 0, 2, 4);
+      VS_AMX_SCALE(b + 1);
+    }
+  }
+#undef VS_AMX_ISSUE
+#undef VS_AMX_SCALE
+  const int64_t rows = std::min<int64_t>(R, M - r0);
+  const int64_t valid = std::min<int64_t>(AMX_OUTPUTS, w.rows - g * AMX_OUTPUTS);
+  const __mmask16 store = (__mmask16)((1u << valid) - 1);
+  for (int r = 0; r < rows; r++) {
+    __m512 out = _mm512_add_ps(acc[0][r], acc[1][r]);
+    if (Q4BLOCKS) {
+      const float* mw = w.amx_m + g * B * AMX_OUTPUTS;
+      const float* SX = xq.s.data() + (r0 + r) * B;
+      __m512 minimum = _mm512_setzero_ps();
+      for (int64_t b = 0; b < B; b++)
+        minimum = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * AMX_OUTPUTS), _mm512_set1_ps(SX[b]), minimum);
+      out = _mm512_add_ps(out, minimum);
+    }
+    _mm512_mask_storeu_ps(y + (r0 + r) * ldy + g * AMX_OUTPUTS, store, out);
+  }
+}
+
+// y = x W^T for the rows quantised in xq (M of them), by groups of 16 outputs over threads.
+template <bool Q4BLOCKS>
+static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int64_t ldy) {
+  const int64_t K = w.cols, B = w.blocks(), chunks = (M + AMX_ROWS - 1) / AMX_ROWS;
+  xq.d.resize(chunks * AMX_ROWS * B, 0.f);  // rows past M: zero scales (and zero codes below)
+  // The rows' codes in the tiles' layout (see amx_chunk), [chunks][blocks][16][32] bytes.
+  xq.amx.assign(chunks * B * 2 * AMX_ROWS * 32 + 64, 0);
+  int8_t* xa = (int8_t*)(((uintptr_t)xq.amx.data() + 63) & ~(uintptr_t)63);
+  for (int64_t r = 0; r < M; r++)
+    for (int64_t b = 0; b < B; b++) {
+      int8_t* tile = xa + ((r / AMX_ROWS) * B + b) * 2 * AMX_ROWS * 32;
+      const int8_t* codes = xq.q.data() + r * K + b * QK;
+      std::memcpy(tile + (r % AMX_ROWS) * 32, codes, AMX_HALF);
+      std::memcpy(tile + (AMX_ROWS + r % AMX_ROWS) * 32 + AMX_HALF, codes + AMX_HALF, AMX_HALF);
+    }
+  const int64_t groups = (w.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS;
+  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (AMX_OUTPUTS * K * M));
+  parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    load_amx_config();
+    // Q4: a group's 4-bit codes unpacked to the halves' byte tiles, once for all chunks.
+    std::vector<uint8_t> storage(Q4BLOCKS ? B * 512 + 64 : 0);
+    uint8_t* unpacked = (uint8_t*)(((uintptr_t)storage.data() + 63) & ~(uintptr_t)63);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t g = g0; g < g1; g++) {
+      const uint8_t* tiles = w.amx_codes + g * B * (Q4BLOCKS ? 256 : 512);
+      if (Q4BLOCKS) {
+        for (int64_t b = 0; b < B; b++)
+          for (int k = 0; k < 4; k++) {
+            const __m512i v = _mm512_loadu_si512(tiles + b * 256 + 64 * k);
+            _mm512_store_si512(unpacked + b * 512 + 64 * k, _mm512_and_si512(v, low));
+            _mm512_store_si512(unpacked + b * 512 + 256 + 64 * k, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+          }
+        tiles = unpacked;
+      }
+      for (int64_t c = 0; c < chunks; c++) {
+        const int8_t* codes = xa + c * B * 2 * AMX_ROWS * 32;
+        const int64_t r0 = c * AMX_ROWS, rows = std::min<int64_t>(AMX_ROWS, M - r0);
+        if (rows > 4)
+          amx_chunk<Q4BLOCKS, 8>(w, g, tiles, codes, xq, r0, M, y, ldy);
+        else if (rows > 2)
+          amx_chunk<Q4BLOCKS, 4>(w, g, tiles, codes, xq, r0, M, y, ldy);
+        else if (rows > 1)
+          amx_chunk<Q4BLOCKS, 2>(w, g, tiles, codes, xq, r0, M, y, ldy);
+        else
+          amx_chunk<Q4BLOCKS, 1>(w, g, tiles, codes, xq, r0, M, y, ldy);
+      }
+    }
+    _tile_release();
+  });
+}
+
+// The weights in AMX's layout (see above), kept beside the packed tiles: per group of 16
+// outputs and block, Q4's 16-byte halves as one 4 x 64-byte tile of code bytes whose low
+// nibbles are the first half and high nibbles the second (a Q4 byte holds weights i and
+// i + 16), Q8's as two; the scales (and minimums) as [groups][blocks][16]. Outputs past the
+// matrix's rows are zero.
+static void prepack_amx(Matrix& m) {
+  const int64_t B = m.blocks(), groups = (m.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS, tiles = m.tiles();
+  const bool q4 = m.format == Q4;
+  const int64_t words = q4 ? 64 : 128;  // 4-byte words per group and block
+  m.amx_data = at::zeros({groups * B * words * 4 + 64}, at::kByte);
+  m.amx_scales = at::zeros({(q4 ? 2 : 1) * groups * B * AMX_OUTPUTS}, at::kFloat);
+  uint8_t* base = (uint8_t*)(((uintptr_t)m.amx_data.data_ptr<uint8_t>() + 63) & ~(uintptr_t)63);
+  float* scales = m.amx_scales.data_ptr<float>();
+  for (int64_t g = 0; g < groups; g++)
+    for (int64_t b = 0; b < B; b++) {
+      uint32_t* out = (uint32_t*)(base + (g * B + b) * words * 4);
+      for (int64_t n = 0; n < AMX_OUTPUTS; n++) {
+        const int64_t t = g * (AMX_OUTPUTS / TILE) + n / TILE, at = (t * B + b) * TILE + n % TILE;
+        if (t >= tiles) continue;
+        scales[(g * B + b) * AMX_OUTPUTS + n] = m.d[at];
+        if (q4) scales[(groups + g) * B * AMX_OUTPUTS + b * AMX_OUTPUTS + n] = m.m[at];
+        const uint8_t* raw = (const uint8_t*)m.raw + at * (q4 ? QK / 2 : QK);
+        for (int64_t k = 0; k < words / AMX_OUTPUTS; k++) std::memcpy(&out[k * AMX_OUTPUTS + n], raw + 4 * k, 4);
+      }
+    }
+  m.amx_codes = base;
+  m.amx_d = scales;
+  m.amx_m = q4 ? scales + groups * B * AMX_OUTPUTS : nullptr;
+}
+#endif
+
+// Whether the AMX kernel runs here (matrices made from now on carry its copy).
+static bool amx_available() { return amx_wanted(); }
+
+// The fewest rows a pass needs for the AMX kernel (set_amx_min_rows; 0: never).
+static int64_t amx_min_rows() {
+  const int64_t rows = amx_min_rows_.load();
+  return rows < 0 ? AMX_MIN_ROWS : rows > 0 ? rows : INT64_MAX;
+}
+
+// Sets amx_min_rows (0: never; -1: the default); returns whether the kernel runs here at all.
+static bool set_amx_min_rows(int64_t rows) {
+  amx_min_rows_.store(std::max<int64_t>(-1, rows));
+  return amx_available();
+}
+
 // y[M, ldy] (first w.rows columns) = x[M, K] W^T (+ bias). Threads split the output tiles.
 static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t ldy, QuantRows& scratch) {
   if (w.quantized()) quantize_rows(x, M, w.cols, scratch);
+#ifdef VS_AMX
+  if (w.amx_codes != nullptr && M >= amx_min_rows()) {
+    if (w.format == Q4)
+      matmul_amx<true>(w, scratch, M, y, ldy);
+    else
+      matmul_amx<false>(w, scratch, M, y, ldy);
+    return add_bias(w, M, y, ldy);
+  }
+#endif
 #ifdef VS_VNNI
   if (w.format == Q8_0 && M >= 2) {
     scratch.biased.resize(M * w.cols);
@@ -852,10 +1117,7 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
       }
     }
   });
-  if (w.b != nullptr) {
-    for (int64_t r = 0; r < M; r++)
-      for (int64_t n = 0; n < w.rows; n++) y[r * ldy + n] += w.b[n];
-  }
+  add_bias(w, M, y, ldy);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1436,6 +1698,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("apply", &vs::Decoder::apply, "y = x W^T", py::call_guard<py::gil_scoped_release>());
   m.def("set_threads", &vs::set_threads, "threads of every pass (0: torch's count)", py::arg("threads"));
   m.def("pass_threads", &vs::pass_threads, "threads a pass runs on");
+  m.def("amx_available", &vs::amx_available, "whether the AMX kernel can run here");
+  m.def("set_amx_min_rows", &vs::set_amx_min_rows, "passes of >= rows take the AMX kernel (0: never, -1: default)",
+        py::arg("rows"));
   py::class_<vs::Decoder>(m, "Decoder")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, int64_t>(),
            py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
