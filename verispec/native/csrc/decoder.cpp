@@ -58,6 +58,11 @@
 #endif
 #endif
 
+// AVX-512 for the attention's scores and sums (the same chains per lane, twice the lanes).
+#if defined(VS_AVX2) && defined(__AVX512F__)
+#define VS_AVX512 1
+#endif
+
 // AMX tiles (int8) for passes of many rows, where the CPU has them (runtime-checked too: the
 // kernel must grant the process the tile state).
 #if defined(VS_AVX2) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
@@ -1608,15 +1613,75 @@ class Decoder {
     for (int j = 1; j < G; j++) lo = std::min(lo, keys[j]), hi = std::max(hi, keys[j]);
     const int64_t blocks = (hi + B - 1) / B;
     int64_t b = 0;
+#ifdef VS_AVX512
+    // 16 lanes: the same FMA chain per score and per output dimension, half the instructions.
+    constexpr int KP = G >= 2 ? 2 : 4;  // pairs of key blocks per step
+    for (; b + 2 * KP <= blocks; b += 2 * KP) score_block_pairs<G, KP>(q, K + b * D * B, D, scores + b * B, stride);
+    for (; b + 2 <= blocks; b += 2) score_block_pairs<G, 1>(q, K + b * D * B, D, scores + b * B, stride);
+#endif
     for (; b + KB <= blocks; b += KB) score_blocks<G, KB>(q, K + b * D * B, D, scores + b * B, stride);
     for (; b < blocks; b++) score_blocks<G, 1>(q, K + b * D * B, D, scores + b * B, stride);
     float inv[G];
     for (int j = 0; j < G; j++) inv[j] = softmax(scores + j * stride, keys[j]);
-    constexpr int NV = G == 1 ? 8 : G == 2 ? 4 : 2;  // 8-wide accumulators per query per pass
     int64_t base = 0;
+#ifdef VS_AVX512
+    constexpr int NW = 4;  // 16-wide accumulators per query per pass: 64 dimensions
+    for (; base + 16 * NW <= D; base += 16 * NW) weigh16<G, NW>(scores, stride, keys, lo, hi, V, D, base, inv, outs);
+    for (; base + 16 <= D; base += 16) weigh16<G, 1>(scores, stride, keys, lo, hi, V, D, base, inv, outs);
+#endif
+    constexpr int NV = G == 1 ? 8 : G == 2 ? 4 : 2;  // 8-wide accumulators per query per pass
     for (; base + 8 * NV <= D; base += 8 * NV) weigh<G, NV>(scores, stride, keys, lo, hi, V, D, base, inv, outs);
     for (; base < D; base += 8) weigh<G, 1>(scores, stride, keys, lo, hi, V, D, base, inv, outs);
   }
+
+#ifdef VS_AVX512
+  // score_blocks on 2 KP key blocks, two a vector (block 2u in the low 8 lanes, 2u + 1 in
+  // the high): each score the same FMA chain over the dimensions in order.
+  template <int G, int KP>
+  static inline void score_block_pairs(const float* q, const uint16_t* K, int64_t D, float* scores, int64_t stride) {
+    constexpr int64_t B = KEY_BLOCK;
+    __m512 acc[KP][G];
+    for (int u = 0; u < KP; u++)
+      for (int j = 0; j < G; j++) acc[u][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; i++) {
+      __m512 k[KP];
+      for (int u = 0; u < KP; u++) {
+        const __m128i low = _mm_loadu_si128((const __m128i*)(K + (2 * u * D + i) * B));
+        const __m128i high = _mm_loadu_si128((const __m128i*)(K + ((2 * u + 1) * D + i) * B));
+        k[u] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1));
+      }
+      for (int j = 0; j < G; j++) {
+        const __m512 qv = _mm512_set1_ps(q[j * D + i]);
+        for (int u = 0; u < KP; u++) acc[u][j] = _mm512_fmadd_ps(qv, k[u], acc[u][j]);
+      }
+    }
+    for (int j = 0; j < G; j++)
+      for (int u = 0; u < KP; u++) _mm512_storeu_ps(scores + j * stride + 2 * u * B, acc[u][j]);
+  }
+
+  // weigh with 16-wide accumulators: dimensions [base, base + 16 NW).
+  template <int G, int NW>
+  static inline void weigh16(const float* scores, int64_t stride, const int64_t* keys, int64_t lo, int64_t hi,
+                             const uint16_t* V, int64_t D, int64_t base, const float* inv, float* const* outs) {
+    __m512 acc[G][NW];
+    for (int j = 0; j < G; j++)
+      for (int c = 0; c < NW; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < hi; t++) {
+      __m512 v[NW];
+      for (int c = 0; c < NW; c++)
+        v[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(V + t * D + base + 16 * c)));
+      for (int j = 0; j < G; j++) {
+        if (t >= lo && t >= keys[j]) continue;  // past this query's prefix (only near the end)
+        const __m512 w = _mm512_set1_ps(scores[j * stride + t]);
+        for (int c = 0; c < NW; c++) acc[j][c] = _mm512_fmadd_ps(w, v[c], acc[j][c]);
+      }
+    }
+    for (int j = 0; j < G; j++) {
+      const __m512 s = _mm512_set1_ps(inv[j]);
+      for (int c = 0; c < NW; c++) _mm512_storeu_ps(outs[j] + base + 16 * c, _mm512_mul_ps(acc[j][c], s));
+    }
+  }
+#endif
 
   // Scores of KB key blocks for G queries: lane l of block b is key b * B + l.
   template <int G, int KB>
