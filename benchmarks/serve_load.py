@@ -8,7 +8,7 @@ before the first point and stopped after the last (an idle server uses no CPU):
 
     verispec   verispec serve --drafter lookup --k auto   (speculation on, the governor picks k)
     plain      verispec serve --drafter none              (no speculation)
-    llamacpp   python -m llama_cpp.server on the same GGUF file, --n_ctx 4096, with the thread
+    llamacpp   llama_cpp.server on the same GGUF file (see LLAMACPP_LAUNCHER), --n_ctx 4096, with the thread
                count verispec uses, --interrupt_requests False (its default aborts a running
                completion when another request arrives) (needs llama-cpp-python[server])
     replicas1  verispec serve --replicas 1: as verispec, in one Ray Serve replica with one CPU
@@ -236,13 +236,30 @@ class Server:
     model: str  # the id its /v1/models lists, sent as the request's model
 
 
+# ggml's AMX matmul segfaults on the embedded Q4_1 model (see verispec.targets.llamacpp), and
+# llama-cpp-python's server takes no option for it: it starts through this launcher, which
+# keeps the weights out of ggml's extra buffer types on such CPUs, as verispec's backend does.
+LLAMACPP_LAUNCHER = """
+import runpy
+import llama_cpp.llama_cpp as bindings
+from verispec.cpu import cpu_has_amx_int8
+defaults = bindings.llama_model_default_params
+def params():
+    chosen = defaults()
+    chosen.use_extra_bufts = not cpu_has_amx_int8()
+    return chosen
+bindings.llama_model_default_params = params
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
 def start(name: str, args: argparse.Namespace, gguf: Path, log_dir: Path) -> Server:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = str(log_dir / f"{name}.log")
     if name == "llamacpp":
         threads = str(cpu_threads())  # what verispec's backends use: the cores this process may run on
-        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
+        command = [sys.executable, "-c", LLAMACPP_LAUNCHER, "--model", str(gguf), "--host", "127.0.0.1"]
         command += ["--port", str(port), "--n_ctx", str(LLAMACPP_CONTEXT)]
         command += ["--n_threads", threads, "--n_threads_batch", threads]
         # Its default aborts the running completion whenever another request arrives: with

@@ -17,21 +17,21 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags as ``cpuinfo`` lists them (empty where there is none)."""
     try:
-        with open("/proc/cpuinfo") as handle:
+        with open(cpuinfo) as handle:
             flags = next((line for line in handle if line.startswith("flags")), "")
     except OSError:
         return frozenset()
     return frozenset(flags.partition(":")[2].split())
 
 
-def cpu_has_native_bf16() -> bool:
+def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
     """True on x86 CPUs with avx512_bf16 or AMX-BF16, where bf16 matmuls run natively."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16"} & (cpu_flags() if flags is None else flags))
 
 
-def cpu_has_amx_int8() -> bool:
+def cpu_has_amx_int8(flags: frozenset[str] | None = None) -> bool:
     """True on x86 CPUs with AMX tiles for int8 (Sapphire Rapids and later)."""
-    return {"amx_tile", "amx_int8"} <= cpu_flags()
+    return {"amx_tile", "amx_int8"} <= (cpu_flags() if flags is None else flags)

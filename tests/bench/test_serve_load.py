@@ -1,6 +1,7 @@
 """The pure parts of benchmarks/serve_load.py: reading a chat stream into time to first token
 and inter-chunk gaps, token counts, percentiles, the report's rows, table and plot. The
-timestamps are given, so every figure is exact; nothing here times anything."""
+timestamps are given, so every figure is exact; nothing here times anything. And the
+llama.cpp server it starts, as a real process answering a real request."""
 
 from __future__ import annotations
 
@@ -122,3 +123,24 @@ def test_option_parsing_names_what_is_wrong(serve_load):
             serve_load._concurrency(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="verispec, plain, llamacpp"):
         serve_load._servers("vllm")
+
+
+def test_llama_cpp_server_starts_and_answers_on_the_embedded_model(serve_load, tmp_path):
+    # The benchmark's llama.cpp server, a real process on the shipped GGUF: on a CPU with AMX
+    # tiles it started through the plain ``-m llama_cpp.server`` and died at its first
+    # completion (ggml's AMX matmul), so the launcher keeps weights out of those buffers.
+    import httpx
+
+    from verispec import models
+
+    pytest.importorskip("llama_cpp.server.app", reason="needs llama-cpp-python[server] (the llamacpp extra)")
+    args = argparse.Namespace(model=None, max_queue=8)
+    server = serve_load.start("llamacpp", args, models.embedded_gguf_path(), tmp_path)
+    try:
+        body = {"model": server.model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+        answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+        assert server.process.poll() is None  # still serving after the completion
+    finally:
+        serve_load.stop_server(server.process)
