@@ -922,15 +922,15 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
   __m512 acc[2][R];
   for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
   // Q4: signed codes of the rows times unsigned 4-bit weights; Q8: both signed.
-#define VS_AMX_ISSUE(b, c, a, w)                         \
+#define VS_AMX_ISSUE(b, c, a, wt)                        \
   do {                                                   \
     _tile_loadd(a, xa + (b) * 2 * AMX_ROWS * 32, 32);    \
-    _tile_loadd(w, tiles + (b) * 512, 64);               \
+    _tile_loadd(wt, tiles + (b) * 512, 64);              \
     _tile_zero(c);                                       \
     if (Q4BLOCKS)                                        \
-      _tile_dpbsud(c, a, w);                             \
+      _tile_dpbsud(c, a, wt);                            \
     else                                                 \
-      _tile_dpbssd(c, a, w);                             \
+      _tile_dpbssd(c, a, wt);                            \
   } while (0)
 #define VS_AMX_SCALE(b)                                                                         \
   do {                                                                                          \
@@ -1194,6 +1194,10 @@ class Decoder {
   void set_output(Matrix embed, at::Tensor norm, Matrix head) {
     TORCH_CHECK(embed.cols == hidden_ && head.cols == hidden_, "embedding and head must have hidden columns");
     embed_ = embed, norm_ = norm.contiguous(), head_ = head;
+    if (embed_.raw != head_.raw) {  // an embedding apart from the head is only read by rows
+      embed_.amx_data = embed_.amx_scales = at::Tensor();
+      embed_.amx_codes = nullptr, embed_.amx_d = embed_.amx_m = nullptr;
+    }
   }
 
   // One forward pass over ids at positions start, start + 1, ... of slot 0; returns
