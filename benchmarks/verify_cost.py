@@ -12,7 +12,8 @@ A configuration ``native`` times verispec's native decoder with the file's own f
 ``native-compiled`` time the native decoder's torch path, eager and through ``torch.compile``
 (its compile time is spent in the load's self-test, before any timing); ``native-vector`` times
 the native decoder with its AMX kernel off (the vector kernels on every pass; where the CPU has
-no AMX tiles it is ``native``); ``llama.cpp`` times the
+no AMX tiles it is ``native``) and ``native-amxN`` with it from N rows up (the threshold's
+A/B); ``llama.cpp`` times the
 llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on another GGUF file
 (another quantisation type, say):
 
@@ -32,12 +33,15 @@ from verispec.targets.torch_target import TorchTarget, parse_dtype
 
 
 def use_amx(config: str) -> None:
-    """The AMX kernel on for every configuration but ``native-vector`` (one switch per process)."""
+    """The AMX kernel at its default for every configuration but ``native-vector`` (off) and
+    ``native-amxN`` (from N rows up): one switch per process, set before each one's passes."""
     from verispec.native import kernels
 
     module = kernels.load()
     if module is not None:
-        module.set_amx_min_rows(0 if config.startswith("native-vector") else -1)
+        kind = config.partition(":")[0]
+        rows = 0 if kind == "native-vector" else int(kind[10:]) if kind.startswith("native-amx") else -1
+        module.set_amx_min_rows(rows)
 
 
 def main() -> None:
@@ -67,6 +71,8 @@ def main() -> None:
                 "native-torch": {"torch_path": True},
                 "native-compiled": {"torch_path": True, "compile": True},
             }
+            if kind.startswith("native-amx") and kind[10:].isdigit():
+                path[kind] = {}
             if kind not in path:
                 raise SystemExit(f"unknown configuration {config!r}")
             target = NativeTarget(source.kind, source.location, name=config, weights=rest or "auto", **path[kind])

@@ -862,12 +862,13 @@ static void add_bias(const Matrix& w, int64_t M, float* y, int64_t ldy) {
 }
 
 // Passes of at least AMX_MIN_ROWS rows take the AMX kernel where there is one (-1: that
-// default; set_amx_min_rows). Whole verify passes of the embedded model on 2 cores, vector
-// kernels against AMX: 2 rows 8.6 / 7.8 ms (noisy, either way), 3 rows 10.4 / 8.4, 5 rows
-// 15.6 / 9.7, 9 rows 16.0 / 13.2, 16 rows 21.7 / 17.0; a single row is bound by reading the
-// weights and keeps its kernel.
+// default; set_amx_min_rows). Whole verify passes of the embedded model on 2 cores at 500
+// tokens of context, vector kernels against AMX (benchmarks/verify_cost.py, native-vector and
+// native-amx2): 2 rows 9.4 / 8.2-8.4 ms, 3 rows 11.1 / 8.9, 5 rows 14.8 / 8.8, 9 rows
+// 16.1 / 13.0; a single row is bound by reading the weights (7.7 ms either way) and keeps
+// its kernel.
 static std::atomic<int64_t> amx_min_rows_{-1};
-constexpr int64_t AMX_MIN_ROWS = 3;
+constexpr int64_t AMX_MIN_ROWS = 2;
 
 #ifdef VS_AMX
 // ---------------------------------------------------------------------------------------
@@ -1010,14 +1011,24 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
       for (int64_t c = 0; c < chunks; c++) {
         const int8_t* codes = xa + c * B * 2 * AMX_ROWS * 32;
         const int64_t r0 = c * AMX_ROWS, rows = std::min<int64_t>(AMX_ROWS, M - r0);
-        if (rows > 4)
-          amx_chunk<Q4BLOCKS, 8>(w, g, tiles, codes, xq, r0, M, y, ldy);
-        else if (rows > 2)
-          amx_chunk<Q4BLOCKS, 4>(w, g, tiles, codes, xq, r0, M, y, ldy);
-        else if (rows > 1)
-          amx_chunk<Q4BLOCKS, 2>(w, g, tiles, codes, xq, r0, M, y, ldy);
-        else
-          amx_chunk<Q4BLOCKS, 1>(w, g, tiles, codes, xq, r0, M, y, ldy);
+        // The float steps are the bound: a chunk scales only its own rows (5 rows scaled
+        // as 8 cost 10.1 ms a pass, as 5 9.0).
+#define VS_AMX_ROWS(R)                                             \
+  case R:                                                          \
+    amx_chunk<Q4BLOCKS, R>(w, g, tiles, codes, xq, r0, M, y, ldy); \
+    break
+        switch (rows) {
+          VS_AMX_ROWS(1);
+          VS_AMX_ROWS(2);
+          VS_AMX_ROWS(3);
+          VS_AMX_ROWS(4);
+          VS_AMX_ROWS(5);
+          VS_AMX_ROWS(6);
+          VS_AMX_ROWS(7);
+          default:
+            amx_chunk<Q4BLOCKS, 8>(w, g, tiles, codes, xq, r0, M, y, ldy);
+        }
+#undef VS_AMX_ROWS
       }
     }
     _tile_release();
