@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 
+from verispec.accept import accept_chain
+from verispec.accept_tree import accept_tree
 from verispec.drafters.base import Draft
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
 from verispec.governor import CostModel
-from verispec.planner import AUTO, Planner, row_acceptance
-from verispec.sampling import SamplingParams
+from verispec.planner import AUTO, Planner, chain_verdict, row_acceptance, token_acceptance, tree_verdict
+from verispec.sampling import SamplingParams, final_distributions
 from verispec.stats import RequestStats
 from verispec.tree_sizing import BranchCalibration
 
@@ -186,3 +188,50 @@ def test_a_tree_is_decided_as_its_main_chain_where_passes_take_no_trees():
     request.trees = False
     plan = request.plan([1, 2, 3], 50, RNG)
     assert not plan.draft.is_tree and plan.draft.tokens == [10, 11, 13]
+
+
+def test_the_greedy_verdict_and_shadow_are_the_ones_of_the_one_hot_rows():
+    # The engine's greedy rounds read the rows' tokens alone; verdict and shadow acceptance
+    # must be those of accept_chain and row_acceptance on the one-hot rows it no longer builds.
+    rng = np.random.default_rng(11)
+    greedy = SamplingParams(temperature=0)
+    for _ in range(200):
+        logits = rng.standard_normal((4, 7)).astype(np.float32)
+        drafts = [int(t) for t in np.where(rng.random(3) < 0.6, logits[:3].argmax(axis=1), rng.integers(0, 7, 3))]
+        probs = None if rng.random() < 0.5 else rng.dirichlet(np.ones(7), size=3)
+        u = rng.random(7)
+        verdict, shadow = chain_verdict(logits, greedy, [1], [2], drafts, probs, u)
+        rows = final_distributions(logits, greedy, [1], [2], drafts)
+        assert verdict == accept_chain(rows, np.asarray(drafts), probs, u)
+        for token in range(7):
+            draft = Draft([token], None if probs is None else probs[:1])
+            assert shadow(draft) == row_acceptance(rows[0])(draft)
+    no_mass = Draft([3], np.eye(7)[[4]])
+    assert token_acceptance(3)(no_mass) == row_acceptance(np.eye(7)[3])(no_mass) == 0.0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0), SamplingParams(temperature=0, repetition_penalty=1.5, presence_penalty=0.5)],
+)
+def test_the_greedy_tree_verdict_is_the_rules_on_each_rows_own_history(params):
+    # Trees at greedy read each row's token (after the penalties of its own path) and follow
+    # the argmax: the verdict and shadow of accept_tree on the one-hot rows built per path.
+    rng = np.random.default_rng(13)
+    parents = [-1, -1, 0, 0, 2, 1]
+    paths = [[], [0], [1], [0, 2], [0, 3], [0, 2, 4], [1, 5]]  # the nodes before each row
+    for _ in range(100):
+        logits = rng.standard_normal((7, 6))
+        tokens = [int(t) for t in rng.integers(0, 6, size=6)]
+        logits[:, tokens[0]] += 1.5  # drafts often the argmax, so paths go deep
+        u = rng.random(13)
+        verdict, shadow = tree_verdict(logits, params, [1], [2], tokens, parents, None, u)
+        rows = np.stack(
+            [
+                final_distributions(logits[r : r + 1], params, [1], [2, *(tokens[n] for n in path)], [])[0]
+                for r, path in enumerate(paths)
+            ]
+        )
+        assert verdict == accept_tree(rows, parents, tokens, None, u)
+        for token in range(6):
+            assert shadow(Draft([token])) == row_acceptance(rows[0])(Draft([token]))

@@ -104,16 +104,55 @@ def accept_chain(
     return ChainResult(accepted=k, token=sample_index(p[k], u[2 * k]), uniforms_used=2 * k + 1)
 
 
+def accept_greedy(
+    target_tokens: ArrayLike,
+    draft_tokens: ArrayLike,
+    draft_probs: ArrayLike | None,
+    uniforms: ArrayLike,
+    vocab: int,
+) -> ChainResult:
+    """``accept_chain`` where every target row is one-hot (temperature 0), from the rows'
+    tokens alone: target_tokens (k + 1,), ``vocab`` the rows' length V, the other arguments
+    as there.
+
+    With ``p`` one-hot at ``t`` the rule accepts ``x`` iff ``x == t``, ``q[x] > 0`` and
+    ``u * q[x] < 1``, and every other outcome commits ``t``: the residual
+    ``max(0, p - q)`` keeps mass at ``t`` alone, or has none and falls back to ``p``. So the
+    verdict is ``accept_chain``'s on the one-hot rows, uniforms used included (tested
+    against it), without building and checking (k + 1, V) rows (~2 ms of a 9-row round)."""
+    t = checked_ids(target_tokens, "target_tokens")
+    tokens, q, u = _checked_drafts(draft_tokens, draft_probs, uniforms, vocab)
+    k = tokens.shape[0]
+    if t.shape[0] != k + 1:
+        raise RuleInputError(f"target_tokens needs k + 1 = {k + 1} entries for {k} drafts, has {t.shape[0]}")
+    for token in t.tolist():
+        check_token(token, vocab)
+    for i in range(k):
+        x, target = int(tokens[i]), int(t[i])
+        q_x = 1.0 if q is None else float(q[i, x])
+        if not (x == target and q_x > 0.0 and u[2 * i] * q_x < 1.0):
+            return ChainResult(accepted=i, token=target, uniforms_used=2 * i + 2)
+    return ChainResult(accepted=k, token=int(t[k]), uniforms_used=2 * k + 1)
+
+
 def checked_round(
     target_probs: ArrayLike, draft_tokens: ArrayLike, draft_probs: ArrayLike | None, uniforms: ArrayLike
 ) -> tuple[Row, NDArray[np.int64], Row | None, Row]:
     """The inputs of one round of ``k`` drafts (shapes as in ``accept_chain``), checked and as arrays."""
     p = checked_rows(target_probs, "target_probs", ndim=2)
-    tokens = checked_ids(draft_tokens, "draft_tokens")
+    tokens, q, u = _checked_drafts(draft_tokens, draft_probs, uniforms, p.shape[1])
     k = tokens.shape[0]
-    vocab = p.shape[1]
     if p.shape[0] != k + 1:
         raise RuleInputError(f"target_probs needs k + 1 = {k + 1} rows for {k} drafts, has {p.shape[0]}")
+    return p, tokens, q, u
+
+
+def _checked_drafts(
+    draft_tokens: ArrayLike, draft_probs: ArrayLike | None, uniforms: ArrayLike, vocab: int
+) -> tuple[NDArray[np.int64], Row | None, Row]:
+    """A round's drafts, their rows and its uniforms (shapes as in ``accept_chain``), checked."""
+    tokens = checked_ids(draft_tokens, "draft_tokens")
+    k = tokens.shape[0]
     q = None if draft_probs is None else checked_rows(draft_probs, "draft_probs", ndim=2)
     if q is not None and q.shape != (k, vocab):
         raise RuleInputError(f"draft_probs has shape {q.shape}, expected {(k, vocab)}")
@@ -123,7 +162,7 @@ def checked_round(
     check_uniforms(u)
     for token in tokens.tolist():
         check_token(token, vocab)
-    return p, tokens, q, u
+    return tokens, q, u
 
 
 def acceptance_probability(

@@ -6,6 +6,7 @@ One round::
     logits = target.verify([last committed] + draft)     # k + 1 rows, one forward pass
     p      = final_distributions(logits, history)        # the same pipeline the drafter used
     kept, bonus = accept_chain(p, draft, q, uniforms)    # the exact rule, uniforms from the RNG
+                                                         # (greedy: on p's tokens, chain_verdict)
     commit kept drafts + bonus, stopping exactly at EOS / stop string / max_tokens / context
     target.rollback(len(context) - 1)                    # the rejected tail leaves the cache
 
@@ -29,18 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
-from verispec.accept import ChainResult, accept_chain
-from verispec.accept_tree import TreeResult, accept_tree, tree_depths
+from verispec.accept import ChainResult
+from verispec.accept_tree import TreeResult, tree_depths
 from verispec.detokenize import TextStream
 from verispec.drafters.base import Drafter, DrafterContext
 from verispec.drafters.registry import LEARNING_DRAFTERS, create_drafter
 from verispec.errors import UserError
 from verispec.governor import ALONE, Load
 from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
-from verispec.planner import AUTO, DEFAULT_K_MAX, Planner, RequestPlanner, calibrate, row_acceptance
-from verispec.sampling import InvalidParameterError, SamplingParams, final_distributions
+from verispec.planner import AUTO, DEFAULT_K_MAX, Planner, RequestPlanner, calibrate, chain_verdict, tree_verdict
+from verispec.sampling import InvalidParameterError, SamplingParams
 from verispec.stats import RequestStats
 from verispec.targets.base import Target, TargetError, check_can_run, prefill_steps
 
@@ -378,12 +378,12 @@ class Engine:
             uniforms = rng.random(2 * len(draft.tokens) + 1)
             verdict: ChainResult | TreeResult
             if tree is None:
-                target_probs = final_distributions(logits, params, prompt, output, draft.tokens)
-                verdict = accept_chain(target_probs, np.asarray(draft.tokens, dtype=np.int64), draft.probs, uniforms)
+                verdict, shadow = chain_verdict(logits, params, prompt, output, draft.tokens, draft.probs, uniforms)
                 kept, offered = draft.tokens[: verdict.accepted], len(draft.tokens)
             else:
-                target_probs = tree_distributions(logits, params, prompt, output, draft.tokens, tree)
-                verdict = accept_tree(target_probs, tree, draft.tokens, draft.probs, uniforms)
+                verdict, shadow = tree_verdict(
+                    logits, params, prompt, output, draft.tokens, tree, draft.probs, uniforms
+                )
                 path = verdict.path
                 kept, offered = [draft.tokens[node] for node in path], int(max(tree_depths(tree)))
                 target.keep_path(path)  # type: ignore[attr-defined]  # the cache keeps the path
@@ -397,7 +397,6 @@ class Engine:
             # A tree's offered positions are its depth: per-position acceptance reads as a
             # chain's would (its other nodes are extra rows of the pass, in ``pass_rows``).
             stats.observe(offered, accepted, int(committed == verdict.accepted + 1), t1 - t0, verify_s)
-            shadow = row_acceptance(target_probs[0])
             planner.observe(
                 offered, verdict.accepted, t1 - t0, verify_s, shadow, verify_rows, None if tree is None else path
             )
@@ -425,25 +424,3 @@ class Engine:
             if request.finish_reason is not None:
                 return count
         return len(tokens)
-
-
-def tree_distributions(
-    logits: Any,
-    params: SamplingParams,
-    prompt: Sequence[int],
-    output: Sequence[int],
-    tokens: list[int],
-    parents: list[int],
-) -> NDArray[np.float64]:
-    """Final distributions (n + 1, V) of a tree's verify rows: row 0 the pending token's, row
-    j + 1 node j's, each with its own history (the output, then the drafts on its path), as
-    ``final_distributions`` gives a chain's."""
-    if not params.penalised:  # the history changes nothing: one pass over all rows
-        return final_distributions(logits, params, prompt, output, tokens)
-    rows = []
-    paths: list[list[int]] = [[]]  # the drafts before each row
-    for node, parent in enumerate(parents):
-        paths.append([*paths[parent + 1], tokens[node]])
-    for row, path in enumerate(paths):
-        rows.append(final_distributions(logits[row : row + 1], params, prompt, [*output, *path], [])[0])
-    return np.stack(rows)

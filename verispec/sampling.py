@@ -124,6 +124,40 @@ def final_distributions(
     logits: (n, V). Row j's history is ``output_tokens + draft_tokens[:j]``, so
     ``draft_tokens`` needs at least n - 1 entries.
     """
+    rows = _final_logits(logits, params, prompt_tokens, output_tokens, draft_tokens)
+    if params.greedy:
+        n = rows.shape[0]
+        probs = np.zeros(rows.shape, dtype=np.float64)
+        probs[np.arange(n), rows.argmax(axis=1)] = 1.0  # ties go to the lowest id
+        return probs
+    filtered: Probs = np.stack([_filtered_softmax(row, params) for row in rows])
+    return filtered
+
+
+def final_tokens(
+    logits: ArrayLike,
+    params: SamplingParams,
+    prompt_tokens: Sequence[int] | Ids,
+    output_tokens: Sequence[int] | Ids,
+    draft_tokens: Sequence[int] | Ids,
+) -> Ids:
+    """Greedy's final distributions (n,) by their tokens: row j's one-hot token, the very
+    ``final_distributions(...)[j].argmax()`` (same checks, penalties and ties), without the
+    (n, V) rows, which cost ~1.9 ms for 9 rows of a 49k vocabulary: a quarter of a step."""
+    if not params.greedy:
+        raise SamplingError("final_tokens is the greedy case (temperature 0); sample with final_distributions")
+    tokens: Ids = _final_logits(logits, params, prompt_tokens, output_tokens, draft_tokens).argmax(axis=1)
+    return tokens
+
+
+def _final_logits(
+    logits: ArrayLike,
+    params: SamplingParams,
+    prompt_tokens: Sequence[int] | Ids,
+    output_tokens: Sequence[int] | Ids,
+    draft_tokens: Sequence[int] | Ids,
+) -> NDArray[np.floating]:
+    """The logits (n, V) checked (finite maximum per row) and penalised per row's history."""
     rows = np.asarray(logits)
     if rows.ndim != 2 or rows.shape[1] == 0:
         raise SamplingError(f"logits must be (n, V), got shape {rows.shape}")
@@ -144,12 +178,7 @@ def final_distributions(
         top = rows.max(axis=1)
     if not np.isfinite(top).all():
         raise NonFiniteLogitsError("a row of logits has no finite entry")
-    if params.greedy:
-        probs = np.zeros(rows.shape, dtype=np.float64)
-        probs[np.arange(n), rows.argmax(axis=1)] = 1.0  # ties go to the lowest id
-        return probs
-    filtered: Probs = np.stack([_filtered_softmax(row, params) for row in rows])
-    return filtered
+    return rows
 
 
 def _apply_penalties(

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from verispec.accept import (
     RuleInputError,
     accept_chain,
+    accept_greedy,
     accept_step,
     acceptance_probability,
     residual,
@@ -149,6 +150,60 @@ def test_temperature_zero_is_accept_iff_argmax_else_argmax():
             expected += 1
         assert result.accepted == expected
         assert result.token == argmaxes[expected]
+
+
+def draft_rows(vocab, drafts, kinds, masses):
+    """Draft rows of the kinds the engine sees: point masses (None), a row with mass on the
+    draft (rounded to sum slightly over 1: q[x] may exceed 1 by the rows' tolerance), and a
+    row that gives the draft no mass (a contradiction the rule rejects)."""
+    rows = np.zeros((len(drafts), vocab))
+    for i, (x, kind, mass) in enumerate(zip(drafts, kinds, masses, strict=True)):
+        if kind == "over":
+            rows[i, x] = 1.0 + 5e-6
+        elif kind == "none":
+            rows[i, (x + 1) % vocab] = 1.0
+        else:
+            rows[i, x] = mass
+            rows[i, (x + 1) % vocab] += 1.0 - mass
+    return rows
+
+
+@given(
+    vocab=st.integers(2, 6),
+    k=st.integers(0, 5),
+    seed=st.integers(0, 2**32 - 1),
+    kinds=st.lists(st.sampled_from(["point", "spread", "over", "none"]), min_size=5, max_size=5),
+    near_one=st.booleans(),
+)
+def test_greedy_verdict_is_the_rules_on_one_hot_rows(vocab, k, seed, kinds, near_one):
+    # accept_greedy must return accept_chain's verdict on the one-hot rows, uniforms used
+    # included: drafts often equal to the argmax, point-mass and spread draft rows, a draft row
+    # over 1 at the draft with uniforms just below 1 (the rule then rejects the argmax and
+    # resamples it), a row without mass at the draft.
+    rng = np.random.default_rng(seed)
+    targets = rng.integers(0, vocab, size=k + 1)
+    drafts = np.where(rng.random(k) < 0.7, targets[:k], rng.integers(0, vocab, size=k))
+    u = np.full(2 * k + 1, np.nextafter(1.0, 0.0)) if near_one else rng.random(2 * k + 1)
+    one_hot = np.eye(vocab)[targets]
+    rows = [None, draft_rows(vocab, drafts, kinds[:k], rng.uniform(0.05, 1.0, size=k))]
+    for q in rows if k > 0 else rows[:1]:
+        assert accept_greedy(targets, drafts, q, u, vocab) == accept_chain(one_hot, drafts, q, u)
+
+
+def test_greedy_verdict_refuses_what_the_rule_refuses():
+    one = np.array([0.5, 0.5, 0.5])
+    with pytest.raises(RuleInputError, match="outside the vocabulary"):
+        accept_greedy([0, 1], [2], None, one, vocab=2)
+    with pytest.raises(RuleInputError, match="needs k \\+ 1"):
+        accept_greedy([0], [0], None, one, vocab=2)
+    with pytest.raises(RuleInputError, match="uniforms"):
+        accept_greedy([0, 1], [0], None, np.array([0.5, 1.0, 0.5]), vocab=2)
+    with pytest.raises(RuleInputError, match="draft_probs has shape"):
+        accept_greedy([0, 1], [0], np.array([[0.5, 0.5, 0.0]]), one, vocab=2)
+    with pytest.raises(RuleInputError, match="NaN or inf"):
+        accept_greedy([0, 1], [0], np.array([[np.nan, 0.5]]), one, vocab=2)
+    with pytest.raises(RuleInputError, match="ids"):
+        accept_greedy([0.5, 1.0], [0], None, one, vocab=2)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from verispec.sampling import (
     SamplingParams,
     final_distribution,
     final_distributions,
+    final_tokens,
 )
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
@@ -179,6 +180,42 @@ def test_greedy_reads_float32_logits_as_float64_would():
         assert fast.dtype == np.float64 and np.array_equal(fast, slow)
     assert np.argmax(final_distributions(logits, SamplingParams(temperature=0), [], [], [0, 0, 0])[2]) == 7
     assert np.array_equal(logits, before)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, repetition_penalty=1.3),
+        SamplingParams(temperature=0, presence_penalty=0.8, frequency_penalty=0.5),
+    ],
+)
+def test_greedy_tokens_are_the_one_hot_rows_hot_ids(params):
+    # final_tokens is final_distributions' greedy rows by their hot index: ties to the lowest
+    # id, penalties per row's own history (the drafts before it), float32 or float64 logits.
+    rng = np.random.default_rng(5)
+    for dtype in (np.float32, np.float64):
+        logits = rng.standard_normal((6, 40)).astype(dtype)
+        logits[1, [3, 30]] = logits[1].max() + 1.0  # a tie
+        logits[4, :] = -np.inf
+        logits[4, 9] = 0.0
+        logits[:, 12] = logits.max() + 0.05  # repeated drafts: penalties move the argmax
+        drafts = [12, 12, 12, 5, 12]
+        tokens = final_tokens(logits, params, [1, 12], [12, 7], drafts)
+        rows = final_distributions(logits, params, [1, 12], [12, 7], drafts)
+        assert np.array_equal(tokens, rows.argmax(axis=1))
+        assert tokens.dtype == np.int64
+
+
+def test_greedy_tokens_refuse_what_the_rows_refuse():
+    with pytest.raises(NonFiniteLogitsError):
+        final_tokens(np.array([[0.0, np.nan]]), SamplingParams(temperature=0), [], [], [])
+    with pytest.raises(NonFiniteLogitsError, match="no finite"):
+        final_tokens(np.full((1, 3), -np.inf), SamplingParams(temperature=0), [], [], [])
+    with pytest.raises(SamplingError, match="draft tokens"):
+        final_tokens(np.zeros((3, 3)), SamplingParams(temperature=0), [], [], [1])
+    with pytest.raises(SamplingError, match="greedy"):
+        final_tokens(np.zeros((1, 3)), SamplingParams(), [], [], [])
 
 
 def test_all_neg_inf_is_refused():
