@@ -1433,7 +1433,13 @@ class Decoder {
     if (segs.size() == 1 && segs[0].parent_row != nullptr) return attention_tree(qkv, segs[0], layer, out);
 #ifdef VS_AVX2
     if (D % 8 == 0) {
-      if (M * heads_ >= 16 * pass_threads())
+      // Single-row segments (batched decode steps) of a model with 3 query heads per KV
+      // head fill groups of 3 exactly, where groups of 4 would spend a quarter on a copy.
+      bool single_rows = group == 3;
+      for (const Segment& seg : segs) single_rows = single_rows && seg.count == 1;
+      if (single_rows && M * heads_ >= 16 * pass_threads())
+        attention_groups<3>(qkv, segs, layer, out);
+      else if (M * heads_ >= 16 * pass_threads())
         attention_groups<4>(qkv, segs, layer, out);
       else
         attention_groups<1>(qkv, segs, layer, out);
@@ -1660,6 +1666,8 @@ class Decoder {
       for (int j = 0; j < G; j++) acc[u][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < D; i++) {
       __m512 k[KP];
+      if (i % 4 == 0)  // the next step's blocks: another sequence's cache comes from memory
+        for (int u = 0; u < 2 * KP; u++) _mm_prefetch((const char*)(K + ((2 * KP + u) * D + i) * B), _MM_HINT_T0);
       for (int u = 0; u < KP; u++) {
         const __m128i low = _mm_loadu_si128((const __m128i*)(K + (2 * u * D + i) * B));
         const __m128i high = _mm_loadu_si128((const __m128i*)(K + ((2 * u + 1) * D + i) * B));
@@ -1683,6 +1691,8 @@ class Decoder {
       for (int c = 0; c < NW; c++) acc[j][c] = _mm512_setzero_ps();
     for (int64_t t = 0; t < hi; t++) {
       __m512 v[NW];
+      for (int64_t c = 0; c < NW * 16; c += 32)  // 64-byte lines, 16 positions ahead
+        _mm_prefetch((const char*)(V + (t + 16) * D + base + c), _MM_HINT_T0);
       for (int c = 0; c < NW; c++)
         v[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(V + t * D + base + 16 * c)));
       for (int j = 0; j < G; j++) {
@@ -1707,6 +1717,8 @@ class Decoder {
       for (int j = 0; j < G; j++) acc[u][j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < D; i++) {
       __m256 k[KB];
+      if (i % 4 == 0)  // the next step's blocks (as score_block_pairs)
+        for (int u = 0; u < KB; u++) _mm_prefetch((const char*)(K + ((KB + u) * D + i) * B), _MM_HINT_T0);
       for (int u = 0; u < KB; u++) k[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(K + (u * D + i) * B)));
       for (int j = 0; j < G; j++) {
         const __m256 qv = _mm256_broadcast_ss(q + j * D + i);
@@ -1726,6 +1738,8 @@ class Decoder {
       for (int c = 0; c < NV; c++) acc[j][c] = _mm256_setzero_ps();
     for (int64_t t = 0; t < hi; t++) {
       __m256 v[NV];
+      for (int64_t c = 0; c < NV * 8; c += 32)  // as weigh16
+        _mm_prefetch((const char*)(V + (t + 16) * D + base + c), _MM_HINT_T0);
       for (int c = 0; c < NV; c++) v[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(V + t * D + base + 8 * c)));
       for (int j = 0; j < G; j++) {
         if (t >= lo && t >= keys[j]) continue;  // past this query's prefix (only near the end)
