@@ -66,7 +66,8 @@ def main() -> None:
     table: dict[str, dict[str, list[float]]] = {}
     for config in args.configs:
         name, _, rest = config.partition(":")
-        options = {f"suffix_{key}": (float(value) if "." in value else int(value)) for key, value in (o.split("=") for o in rest.split(",") if o)}
+        pairs = (o.split("=") for o in rest.split(",") if o)
+        options = {f"suffix_{key}": float(value) if "." in value else int(value) for key, value in pairs}
         drafter = engine.drafter(name, scope=f"replay-{config}", **options)
         planner = Planner()
         sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
