@@ -190,18 +190,21 @@ def test_a_tree_is_decided_as_its_main_chain_where_passes_take_no_trees():
     assert not plan.draft.is_tree and plan.draft.tokens == [10, 11, 13]
 
 
-def test_the_greedy_verdict_and_shadow_are_the_ones_of_the_one_hot_rows():
-    # The engine's greedy rounds read the rows' tokens alone; verdict and shadow acceptance
-    # must be those of accept_chain and row_acceptance on the one-hot rows it no longer builds.
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)]
+)
+def test_the_verdict_and_shadow_are_the_ones_of_the_whole_rows(params):
+    # The engine's greedy rounds read the rows' tokens alone, and its sampled rounds the rows
+    # the rule asks for; verdict and shadow acceptance must be those of accept_chain and
+    # row_acceptance on the (k + 1, V) final distributions it no longer builds.
     rng = np.random.default_rng(11)
-    greedy = SamplingParams(temperature=0)
     for _ in range(200):
         logits = rng.standard_normal((4, 7)).astype(np.float32)
         drafts = [int(t) for t in np.where(rng.random(3) < 0.6, logits[:3].argmax(axis=1), rng.integers(0, 7, 3))]
         probs = None if rng.random() < 0.5 else rng.dirichlet(np.ones(7), size=3)
         u = rng.random(7)
-        verdict, shadow = chain_verdict(logits, greedy, [1], [2], drafts, probs, u)
-        rows = final_distributions(logits, greedy, [1], [2], drafts)
+        verdict, shadow = chain_verdict(logits, params, [1], [2], drafts, probs, u)
+        rows = final_distributions(logits, params, [1], [2], drafts)
         assert verdict == accept_chain(rows, np.asarray(drafts), probs, u)
         for token in range(7):
             draft = Draft([token], None if probs is None else probs[:1])

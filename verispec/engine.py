@@ -6,7 +6,8 @@ One round::
     logits = target.verify([last committed] + draft)     # k + 1 rows, one forward pass
     p      = final_distributions(logits, history)        # the same pipeline the drafter used
     kept, bonus = accept_chain(p, draft, q, uniforms)    # the exact rule, uniforms from the RNG
-                                                         # (greedy: on p's tokens, chain_verdict)
+                                                         # (greedy: on p's tokens; sampled: p's rows
+                                                         # computed as the rule reads them; chain_verdict)
     commit kept drafts + bonus, stopping exactly at EOS / stop string / max_tokens / context
     target.rollback(len(context) - 1)                    # the rejected tail leaves the cache
 

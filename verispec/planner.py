@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from verispec.accept import ChainResult, accept_chain, accept_greedy, acceptance_probability
+from verispec.accept import ChainResult, accept_chain_rows, accept_greedy, acceptance_probability
 from verispec.accept_tree import TreeResult, accept_tree, accept_tree_greedy
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter
 from verispec.governor import ALONE, PROBE_K, AcceptanceMemory, CostModel, Decision, Governor, Load
-from verispec.sampling import SamplingParams, final_distributions, final_tokens
+from verispec.sampling import SamplingParams, final_distributions, final_rows, final_tokens
 from verispec.stats import RequestStats
 from verispec.targets.base import Target
 from verispec.tree_sizing import BranchCalibration
@@ -286,8 +286,11 @@ def chain_verdict(
         targets = final_tokens(logits, params, prompt, output, drafts)
         verdict = accept_greedy(targets, tokens, draft_probs, uniforms, logits.shape[1])
         return verdict, token_acceptance(int(targets[0]))
-    target_probs = final_distributions(logits, params, prompt, output, drafts)
-    return accept_chain(target_probs, tokens, draft_probs, uniforms), row_acceptance(target_probs[0])
+    # Sampled: the rule asks for the rows it reads (up to its first rejection), each
+    # computed then (``final_rows``): ~1 ms less a 9-row round that rejects early.
+    row = final_rows(logits, params, prompt, output, drafts)
+    verdict = accept_chain_rows(row, tokens, draft_probs, uniforms, logits.shape[1])
+    return verdict, row_acceptance(row(0))
 
 
 def tree_verdict(

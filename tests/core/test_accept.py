@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from verispec.accept import (
     RuleInputError,
     accept_chain,
+    accept_chain_rows,
     accept_greedy,
     accept_step,
     acceptance_probability,
@@ -188,6 +189,47 @@ def test_greedy_verdict_is_the_rules_on_one_hot_rows(vocab, k, seed, kinds, near
     rows = [None, draft_rows(vocab, drafts, kinds[:k], rng.uniform(0.05, 1.0, size=k))]
     for q in rows if k > 0 else rows[:1]:
         assert accept_greedy(targets, drafts, q, u, vocab) == accept_chain(one_hot, drafts, q, u)
+
+
+@given(
+    vocab=st.integers(2, 6),
+    k=st.integers(0, 5),
+    seed=st.integers(0, 2**32 - 1),
+    kinds=st.lists(st.sampled_from(["point", "spread", "over", "none"]), min_size=5, max_size=5),
+    agree=st.floats(0.0, 1.0),
+)
+def test_rows_on_demand_give_the_rules_verdict_reading_only_up_to_the_rejection(vocab, k, seed, kinds, agree):
+    # accept_chain_rows must return accept_chain's verdict, uniforms used included, asking for
+    # rows 0..j in order where the chain stops at j (the bonus row k when every draft survives).
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(vocab, 0.5), size=k + 1)
+    p[rng.random(k + 1) < 0.3] = np.eye(vocab)[0]  # some one-hot rows: certain rejections and acceptances
+    drafts = np.where(rng.random(k) < agree, p[:k].argmax(axis=1), rng.integers(0, vocab, size=k))
+    u = rng.random(2 * k + 1)
+    rows = [None, draft_rows(vocab, drafts, kinds[:k], rng.uniform(0.05, 1.0, size=k))]
+    for q in rows if k > 0 else rows[:1]:
+        asked: list[int] = []
+
+        def row(i, asked=asked):
+            asked.append(i)
+            return p[i]
+
+        result = accept_chain_rows(row, drafts, q, u, vocab)
+        assert result == accept_chain(p, drafts, q, u)
+        assert asked == list(range(result.accepted + 1))
+
+
+def test_rows_on_demand_are_checked_as_they_are_read():
+    good, bad = np.array([0.0, 1.0]), np.array([0.5, 0.6])
+    # Draft 0 is rejected at row 0 (p[0] = 0), so the bad row 1 is never read ...
+    assert accept_chain_rows([good, bad].__getitem__, [0], None, [0.5, 0.5, 0.5], vocab=2).accepted == 0
+    # ... and refused once the chain reaches it.
+    with pytest.raises(RuleInputError, match="sum to 1"):
+        accept_chain_rows([good, bad].__getitem__, [1], None, [0.5, 0.5, 0.5], vocab=2)
+    with pytest.raises(RuleInputError, match="3 entries, the vocabulary 2"):
+        accept_chain_rows(lambda i: np.array([0.0, 1.0, 0.0]), [1], None, [0.5, 0.5, 0.5], vocab=2)
+    with pytest.raises(RuleInputError, match="take 3 uniforms"):
+        accept_chain_rows([good, good].__getitem__, [1], None, [0.5, 0.5], vocab=2)
 
 
 def test_greedy_verdict_refuses_what_the_rule_refuses():

@@ -11,6 +11,7 @@ from verispec.sampling import (
     SamplingParams,
     final_distribution,
     final_distributions,
+    final_rows,
     final_tokens,
 )
 
@@ -230,3 +231,39 @@ def test_shape_and_history_errors():
         final_distributions(np.zeros((3, 3)), SamplingParams(), [], [], [1])
     with pytest.raises(SamplingError, match="outside the vocabulary"):
         final_distribution(np.zeros(3), SamplingParams(presence_penalty=1.0), [], [7])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.3, top_k=5, min_p=0.01),
+        SamplingParams(temperature=0.8, repetition_penalty=1.3, frequency_penalty=0.4),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, presence_penalty=0.8),
+    ],
+)
+def test_rows_on_demand_are_the_distributions_rows(params):
+    # final_rows(j) is final_distributions(...)[j] bit for bit, whichever rows are asked for
+    # and in any order, each made once; float32 logits give the rows of their float64 copy.
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((5, 60)) * 3).astype(np.float32)
+    logits[:, 12] = logits.max() + 0.05  # repeated drafts: penalties move mass
+    drafts = [12, 12, 5, 12]
+    rows = final_distributions(logits, params, [1, 12], [12, 7], drafts)
+    assert np.array_equal(rows, final_distributions(logits.astype(np.float64), params, [1, 12], [12, 7], drafts))
+    row = final_rows(logits, params, [1, 12], [12, 7], drafts)
+    for j in (3, 0, 4, 1, 2):
+        assert np.array_equal(row(j), rows[j])
+    assert row(2) is row(2)
+
+
+def test_rows_on_demand_check_the_logits_at_once():
+    # A NaN in a row the rule may never read is still refused: the checks cover every row.
+    logits = np.zeros((3, 4))
+    logits[2, 1] = np.nan
+    with pytest.raises(NonFiniteLogitsError):
+        final_rows(logits, SamplingParams(), [], [], [0, 1])
+    with pytest.raises(SamplingError, match="draft tokens"):
+        final_rows(np.zeros((3, 3)), SamplingParams(), [], [], [1])
