@@ -307,10 +307,10 @@ def tree_verdict(
     token's, row j + 1 node j's, each with its own history: the output, then the drafts on its
     path). Greedy with point-mass drafts reads the rows' tokens alone (``accept_tree_greedy``)."""
     if params.greedy and draft_probs is None:
-        targets = np.asarray(_tree_rows(final_tokens, logits, params, prompt, output, tokens, parents))
+        targets = _tree_rows(final_tokens, logits, params, prompt, output, tokens, parents)
         verdict = accept_tree_greedy(targets, parents, tokens)
         return verdict, token_acceptance(int(targets[0]))
-    target_probs = np.asarray(_tree_rows(final_distributions, logits, params, prompt, output, tokens, parents))
+    target_probs = _tree_rows(final_distributions, logits, params, prompt, output, tokens, parents)
     return accept_tree(target_probs, parents, tokens, draft_probs, uniforms), row_acceptance(target_probs[0])
 
 
