@@ -132,12 +132,16 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("count", [2, 3, 7, 8, 9, 16, 17, 40])
-def test_the_amx_kernel_gives_each_row_what_the_vector_kernels_give(ext, name, count):
-    # Where the CPU has AMX tiles, passes of several rows take them: integer half-block sums
-    # from tile products, then the vector kernels' float steps in their order. 36 outputs: two
-    # groups of 16 and a part group; 96 columns: three blocks (an odd number: the kernel works
-    # on blocks in pairs); -128 among the 8-bit codes. Rows past a multiple of 8 are padding.
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40])
+@pytest.mark.parametrize("tiles_from", [-1, 2])
+def test_the_amx_kernels_give_each_row_what_the_vector_kernels_give(ext, name, count, tiles_from):
+    # Where the CPU has AMX tiles, quantised passes run on the AMX layout: a few rows on the
+    # AVX-512 VNNI kernel (one dpbusd serves 16 outputs), more rows on tile products of whole
+    # blocks; both then run the vector kernels' float steps in their order. tiles_from -1:
+    # the default split; 2: the tiles from 2 rows up (verify_cost's native-amx2). 36 outputs:
+    # two groups of 16 and a part group; 96 columns: three blocks (an odd number: the tile
+    # kernel works on blocks in pairs); -128 among the 8-bit codes. Rows past a multiple of
+    # 16 are padding.
     if not ext.amx_available():
         pytest.skip("no AMX tiles on this CPU (or VERISPEC_AMX=0): the vector kernels run every pass")
     values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
@@ -149,8 +153,8 @@ def test_the_amx_kernel_gives_each_row_what_the_vector_kernels_give(ext, name, c
     try:
         ext.set_amx_min_rows(0)
         vector = ext.apply(m, x)
-        ext.set_amx_min_rows(2)
-        tiles = ext.apply(m, x)
+        ext.set_amx_min_rows(tiles_from)
+        amx = ext.apply(m, x)
     finally:
         ext.set_amx_min_rows(-1)
-    assert torch.equal(tiles, vector)
+    assert torch.equal(amx, vector)

@@ -159,7 +159,7 @@ class NativeTarget:
         compiled = getattr(self.decoder, "compile_seconds", None)
         path = f"torch, compiled in {compiled:.0f} s" if compiled is not None else self.decoder.path
         if getattr(self.decoder, "amx", False):
-            path += " (AMX tiles for passes of several rows)"
+            path += " (AMX layout: VNNI rows, tiles for passes of 9+ rows)"
         return f"native {path}, {checkpoints.describe(self.checkpoint)}"
 
     @property

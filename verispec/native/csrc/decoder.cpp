@@ -65,7 +65,8 @@
 
 // AMX tiles (int8) for passes of many rows, where the CPU has them (runtime-checked too: the
 // kernel must grant the process the tile state).
-#if defined(VS_AVX2) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#if defined(VS_AVX2) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && \
+    defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define VS_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -448,7 +449,6 @@ struct QuantRows {
   std::vector<float> d8, s8;
   // q + 128 as unsigned bytes (q ^ 0x80; q is never -128), for tile_quant_vnni on 8-bit weights.
   std::vector<uint8_t> biased;
-  std::vector<int8_t> amx;  // the rows' codes in the AMX kernel's tiles (matmul_amx)
 };
 
 constexpr int64_t LANES = 8;  // rows per group in the lanes kernel
@@ -569,12 +569,14 @@ static void finish_tile(const Matrix& w, int64_t t, const QuantRows& xq, int64_t
 }
 
 // Quantised: per block and output, the exact integer dot product of the codes and the row's
-// 8-bit activations, summed in two halves of 16 products (the block's first and second 16
-// weights); each half times d_x * d_w is accumulated over the blocks in order, and the two
-// halves are added at the end. The 4 outputs of a tile share one vector per row: their
-// integer sums are gathered with horizontal adds before the conversion to float, so the
-// float work per block is one convert, one multiply and one fused multiply-add per 4
-// outputs. Q4 adds m_w * s_x per block (summed in block order, after the products).
+// 8-bit activations over the block's 32 weights, times d_w * d_x, accumulated over the
+// blocks in order; Q4 then adds m_w * s_x per block (summed in block order, after the
+// products). Every quantised kernel runs these float steps in this order, whatever parts it
+// sums the integers in (integer sums do not depend on their order). The 4 outputs of a tile
+// share one vector per row: their integer sums are gathered with horizontal adds (each
+// 128-bit lane holds one half block's) and the two lanes' added before the conversion to
+// float, so the float work per block is one convert, one multiply and one fused multiply-add
+// per 4 outputs.
 template <int R, bool Q4BLOCKS>
 static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
@@ -584,12 +586,12 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
   float out[R][TILE];
 #ifdef VS_AVX2
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  __m128 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < B; b++) {
     __m256i wv[TILE];  // 8-bit: signed codes (|w| as unsigned bytes below, the sign moving onto x)
     load_tile_block<Q4BLOCKS>(w, t, b, wv);
-    const __m256 d8 = _mm256_broadcast_ps((const __m128*)(D + b * TILE));  // d_w of outputs 0..3, twice
+    const __m128 d4 = _mm_loadu_ps(D + b * TILE);  // d_w of outputs 0..3
     for (int r = 0; r < R; r++) {
       const __m256i xv = _mm256_loadu_si256((const __m256i*)(X + r * K + b * QK));
       __m256i sums;  // per 128-bit half: outputs 0..3, 16 products each
@@ -613,39 +615,35 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
         sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
       }
 #endif
-      const __m256 scale = _mm256_mul_ps(d8, _mm256_broadcast_ss(DX + r * B + b));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
+      const __m128i block = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+      const __m128 scale = _mm_mul_ps(d4, _mm_broadcast_ss(DX + r * B + b));
+      acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(block), scale, acc[r]);
     }
   }
-  for (int r = 0; r < R; r++) {
-    const __m128 both = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    _mm_storeu_ps(out[r], both);
-  }
+  for (int r = 0; r < R; r++) _mm_storeu_ps(out[r], acc[r]);
 #else
   const uint8_t* C4 = (const uint8_t*)w.raw;
   const int8_t* C8 = (const int8_t*)w.raw;
   for (int r = 0; r < R; r++)
     for (int j = 0; j < TILE; j++) {
-      float halves[2] = {0, 0};
+      float acc = 0;
       for (int64_t b = 0; b < B; b++) {
         const int8_t* xv = X + r * K + b * QK;
         const float scale = D[b * TILE + j] * DX[r * B + b];
-        for (int h = 0; h < 2; h++) {
-          int32_t dot = 0;
-          for (int i = 16 * h; i < 16 * h + 16; i++) {
-            int32_t code;
-            if (Q4BLOCKS) {
-              uint8_t byte = C4[((t * B + b) * TILE + j) * (QK / 2) + i % 16];
-              code = i < 16 ? (byte & 15) : (byte >> 4);
-            } else {
-              code = C8[((t * B + b) * TILE + j) * QK + i];
-            }
-            dot += code * xv[i];
+        int32_t dot = 0;
+        for (int i = 0; i < QK; i++) {
+          int32_t code;
+          if (Q4BLOCKS) {
+            uint8_t byte = C4[((t * B + b) * TILE + j) * (QK / 2) + i % 16];
+            code = i < 16 ? (byte & 15) : (byte >> 4);
+          } else {
+            code = C8[((t * B + b) * TILE + j) * QK + i];
           }
-          halves[h] = std::fma((float)dot, scale, halves[h]);
+          dot += code * xv[i];
         }
+        acc = std::fma((float)dot, scale, acc);
       }
-      out[r][j] = halves[0] + halves[1];
+      out[r][j] = acc;
     }
 #endif
   finish_tile<R, Q4BLOCKS>(w, t, xq, r0, out, y, ldy);
@@ -658,10 +656,11 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
 // shuffle-port operations per row and block: the bound once rows share a tile). Here the
 // tile's weights are transposed once per block by 8-byte groups: vector g holds bytes
 // 8g..8g+7 of each of the 4 outputs, so one dpbusd against a row's 8 activations 8g..8g+7,
-// broadcast to every quarter, serves all 4 outputs, and one horizontal add per row gathers
-// the lanes into [o0h0 o1h0 o0h1 o1h1 | o2h0 o3h0 o2h1 o3h1] (o: output, h: half block).
+// broadcast to every quarter, serves all 4 outputs: after the block's four groups, lanes
+// 2j and 2j + 1 hold output j's two partial sums, and one horizontal add per row gathers
+// them into [o0 o1 o0 o1 | o2 o3 o2 o3] (o: output).
 // 8-bit weights are signed, and dpbusd multiplies unsigned by signed bytes: the row's codes
-// go in as q + 128 and 128 times the weights' sums (per output and half) come off again,
+// go in as q + 128 and 128 times the weights' sums (per output) come off again,
 // exactly, in integers.
 template <int R, bool Q4BLOCKS>
 static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
@@ -670,7 +669,7 @@ static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int
   // The row's codes as dpbusd's other operand: signed against 4-bit weights, biased unsigned against 8-bit ones.
   const uint8_t* X = (Q4BLOCKS ? (const uint8_t*)xq.q.data() : xq.biased.data()) + r0 * K;
   const float* DX = xq.d.data() + r0 * B;
-  const __m256i pairs = _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3);
+  const __m256i pairs = _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3);  // d_w in the lanes' order
   const __m256i bias = _mm256_set1_epi8((char)0x80);
   __m256 acc[R];
   for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -684,22 +683,22 @@ static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int
                           _mm256_permute2x128_si256(lo01, lo23, 0x31), _mm256_permute2x128_si256(hi01, hi23, 0x31)};
     __m256i offset = _mm256_setzero_si256();  // 128 x the weights' sums, 8-bit weights only
     if (!Q4BLOCKS) {
-      const __m256i z = _mm256_setzero_si256();
-      offset = _mm256_hadd_epi32(VS_DPBUSD(VS_DPBUSD(z, bias, v[0]), bias, v[1]),
-                                 VS_DPBUSD(VS_DPBUSD(z, bias, v[2]), bias, v[3]));
+      __m256i z = _mm256_setzero_si256();
+      for (int g = 0; g < 4; g++) z = VS_DPBUSD(z, bias, v[g]);
+      offset = _mm256_hadd_epi32(z, z);
     }
-    // d_w in the lanes' order
     const __m256 dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(D + b * TILE)), pairs);
     for (int r = 0; r < R; r++) {
-      __m256i half[2];
+      __m256i part[2];  // two chains of two groups each (shorter dependency chains)
       for (int h = 0; h < 2; h++) {
         int64_t g0, g1;
         std::memcpy(&g0, X + r * K + b * QK + 16 * h, 8), std::memcpy(&g1, X + r * K + b * QK + 16 * h + 8, 8);
         const __m256i x0 = _mm256_set1_epi64x(g0), x1 = _mm256_set1_epi64x(g1), z = _mm256_setzero_si256();
-        half[h] = Q4BLOCKS ? VS_DPBUSD(VS_DPBUSD(z, v[2 * h], x0), v[2 * h + 1], x1)  // u8 weights, s8 codes
+        part[h] = Q4BLOCKS ? VS_DPBUSD(VS_DPBUSD(z, v[2 * h], x0), v[2 * h + 1], x1)  // u8 weights, s8 codes
                            : VS_DPBUSD(VS_DPBUSD(z, x0, v[2 * h]), x1, v[2 * h + 1]);  // u8 codes, s8 weights
       }
-      const __m256i sums = _mm256_sub_epi32(_mm256_hadd_epi32(half[0], half[1]), offset);
+      const __m256i both = _mm256_add_epi32(part[0], part[1]);
+      const __m256i sums = _mm256_sub_epi32(_mm256_hadd_epi32(both, both), offset);
       const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(DX + r * B + b));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[r]);
     }
@@ -708,8 +707,7 @@ static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int
   for (int r = 0; r < R; r++) {
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, acc[r]);
-    out[r][0] = lanes[0] + lanes[2], out[r][1] = lanes[1] + lanes[3];
-    out[r][2] = lanes[4] + lanes[6], out[r][3] = lanes[5] + lanes[7];
+    out[r][0] = lanes[0], out[r][1] = lanes[1], out[r][2] = lanes[4], out[r][3] = lanes[5];
   }
   finish_tile<R, Q4BLOCKS>(w, t, xq, r0, out, y, ldy);
 }
@@ -717,11 +715,11 @@ static void tile_quant_vnni(const Matrix& w, int64_t t, const QuantRows& xq, int
 
 #ifdef VS_AVX2
 // Q4 times 8 rows at once, the rows in the 8 lanes of a vector: the same arithmetic per
-// (row, output) as tile_quant (each half block's integer dot product, times d_w * d_x,
-// accumulated per half over the blocks in order; the halves added; then the minimums),
-// so a row's result does not depend on which kernel ran it. The integer sums come from
-// each output's 4 weights of a group broadcast against 4 activations of each row:
-// maddubs, 4 groups summed in 16 bits (at most 4 * 2 * 15 * 127 = 15240), then widened.
+// (row, output) as tile_quant (each block's integer dot product, times d_w * d_x,
+// accumulated over the blocks in order; then the minimums), so a row's result does not
+// depend on which kernel ran it. The integer sums come from each output's 4 weights of a
+// group broadcast against 4 activations of each row: maddubs, a block's 8 groups summed in
+// 16 bits (at most 8 * 2 * 15 * 127 = 30480), then widened.
 // Faster than tile_quant from 8 rows up: the weights' unpacking is shared by all row
 // groups, and no horizontal adds are needed. ``codes`` is the tile's weights unpacked,
 // [4 outputs][blocks][32] bytes.
@@ -736,21 +734,20 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   alignas(32) float out[TILE][LANES];
   for (int j0 = 0; j0 < TILE; j0 += 2) {
-    __m256 acc[2][2], minimum[2];
-    for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = minimum[j] = _mm256_setzero_ps();
+    __m256 acc[2], minimum[2];
+    for (int j = 0; j < 2; j++) acc[j] = minimum[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < B; b++) {
-      __m256i sums[2][2];
-      for (int j = 0; j < 2; j++) sums[j][0] = sums[j][1] = _mm256_setzero_si256();
+      __m256i sums[2];
+      for (int j = 0; j < 2; j++) sums[j] = _mm256_setzero_si256();
       for (int g = 0; g < QK / 4; g++) {
         const __m256i xv = _mm256_loadu_si256((const __m256i*)(X + (b * (QK / 4) + g) * LANES * 4));
         for (int j = 0; j < 2; j++) {
           int32_t four;
           std::memcpy(&four, codes + ((j0 + j) * B + b) * QK + 4 * g, 4);
 #ifdef VS_VNNI  // the same integers, summed in 32 bits in one instruction
-          sums[j][g / 4] = VS_DPBUSD(sums[j][g / 4], _mm256_set1_epi32(four), xv);
+          sums[j] = VS_DPBUSD(sums[j], _mm256_set1_epi32(four), xv);
 #else
-          const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(four), xv);
-          sums[j][g / 4] = _mm256_add_epi16(sums[j][g / 4], p);
+          sums[j] = _mm256_add_epi16(sums[j], _mm256_maddubs_epi16(_mm256_set1_epi32(four), xv));
 #endif
         }
       }
@@ -758,19 +755,16 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
       const __m256 sx = _mm256_loadu_ps(SX + b * LANES);
       for (int j = 0; j < 2; j++) {
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(D[b * TILE + j0 + j]), dx);
-        for (int h = 0; h < 2; h++) {
 #ifdef VS_VNNI
-          const __m256i wide = sums[j][h];
+        const __m256i wide = sums[j];
 #else
-          const __m256i wide = _mm256_madd_epi16(sums[j][h], ones);
+        const __m256i wide = _mm256_madd_epi16(sums[j], ones);
 #endif
-          acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), scale, acc[j][h]);
-        }
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), scale, acc[j]);
         minimum[j] = _mm256_fmadd_ps(_mm256_set1_ps(Mn[b * TILE + j0 + j]), sx, minimum[j]);
       }
     }
-    for (int j = 0; j < 2; j++)
-      _mm256_store_ps(out[j0 + j], _mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), minimum[j]));
+    for (int j = 0; j < 2; j++) _mm256_store_ps(out[j0 + j], _mm256_add_ps(acc[j], minimum[j]));
   }
   const int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
   for (int64_t r = 0; r < rows; r++)
@@ -861,32 +855,35 @@ static void add_bias(const Matrix& w, int64_t M, float* y, int64_t ldy) {
   }
 }
 
-// Passes of at least AMX_MIN_ROWS rows take the AMX kernel where there is one (-1: that
-// default; set_amx_min_rows). Whole verify passes of the embedded model on 2 cores at 500
-// tokens of context, vector kernels against AMX (benchmarks/verify_cost.py, native-vector and
-// native-amx2): 2 rows 9.4 / 8.2-8.4 ms, 3 rows 11.1 / 8.9, 5 rows 14.8 / 8.8, 9 rows
-// 16.1 / 13.0; a single row is bound by reading the weights (7.7 ms either way) and keeps
-// its kernel.
+// Where the CPU has AMX, quantised passes run on the AMX layout: passes of at least
+// AMX_MIN_ROWS rows take the tiles (matmul_amx), fewer rows the AVX-512 VNNI kernel on the
+// same layout (matmul_amx_rows, up to AMX_ROWS_MAX); set_amx_min_rows moves the threshold
+// (-1: this default; 0: neither, the vector kernels on every pass). Whole passes of the
+// embedded model on 2 cores at 500 tokens of context (benchmarks/verify_cost.py: native,
+// native-amx2 = tiles from 2 rows, native-vector; medians of 12, interleaved): 1 row 6.9 /
+// 6.7 / 8.5 ms, 2 rows 7.4 / 9.5 / 10.9, 5 rows 9.3 / 10.5 / 18.8, 8 rows 10.9 / 12.1 /
+// 16.0, 9 rows 13.5 / 13.6 / 18.4, 16 rows 18.1 / 18.0 / 25.6. A tile product takes 16
+// rows whatever the pass has; the VNNI kernel's work grows with its rows.
 static std::atomic<int64_t> amx_min_rows_{-1};
-constexpr int64_t AMX_MIN_ROWS = 2;
+constexpr int64_t AMX_MIN_ROWS = 9;
 
 #ifdef VS_AMX
 // ---------------------------------------------------------------------------------------
-// AMX (Intel's tile matrix unit): 8 rows x 16 outputs of a quantised matrix at a time.
-// One tile instruction gives the exact integer dot products of 8 rows' and 16 outputs' codes
-// over a block, each half block's apart (see amx_chunk): the very integers the other kernels
-// sum (integer sums do not depend on their order). The float steps then follow tile_quant's
-// per (row, output) order: each half's integer times d_w * d_x accumulated over the blocks in
-// order, the halves added, then Q4's minimums: bit for bit tile_quant's results, so which
-// kernel ran a row never shows (tests/native/test_kernels.py; the load-time self-test).
+// AMX (Intel's tile matrix unit): 16 rows x 16 outputs of a quantised matrix at a time.
+// One tile instruction gives the exact integer dot products of 16 rows' and 16 outputs'
+// codes over a block: the very integers the other kernels sum (integer sums do not depend
+// on their order). The float steps then follow tile_quant's per (row, output) order: each
+// block's integer times d_w * d_x accumulated over the blocks in order, then Q4's minimums:
+// bit for bit tile_quant's results, so which kernel ran a row never shows
+// (tests/native/test_kernels.py; the load-time self-test).
 //
 // Weights in AMX's layout (prepack_amx, at load; a second copy beside the packed tiles):
 // per group of 16 outputs and block, row k of a tile holds bytes 4k .. 4k + 3 of each
-// output's codes. The integer work is the tile unit's; the float steps (a convert and a fused
-// multiply-add per half, 16 outputs a vector) are the bound, at about 1.5x the vector
-// kernels' speed from 3 rows up.
+// output's codes. The rows' codes are read in place (row r of a tile is row r's block). The
+// integer work is the tile unit's; the float steps (a convert and a fused multiply-add per
+// row and block, 16 outputs a vector) and the tile stores share the bound.
 
-constexpr int64_t AMX_ROWS = 8, AMX_OUTPUTS = 16, AMX_HALF = 16;
+constexpr int64_t AMX_ROWS = 16, AMX_OUTPUTS = 16;
 
 struct TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -898,50 +895,47 @@ struct TileConfig {
 // 4, 5: their weights (8 x 64 bytes).
 static void load_amx_config() {
   alignas(64) TileConfig config;
-  for (int i = 0; i < 2; i++) config.rows[i] = 2 * AMX_ROWS, config.colsb[i] = 4 * AMX_OUTPUTS;
-  for (int i = 2; i < 4; i++) config.rows[i] = 2 * AMX_ROWS, config.colsb[i] = 2 * AMX_HALF;
-  for (int i = 4; i < 6; i++) config.rows[i] = 2 * AMX_HALF / 4, config.colsb[i] = 4 * AMX_OUTPUTS;
+  for (int i = 0; i < 2; i++) config.rows[i] = AMX_ROWS, config.colsb[i] = 4 * AMX_OUTPUTS;
+  for (int i = 2; i < 4; i++) config.rows[i] = AMX_ROWS, config.colsb[i] = QK;
+  for (int i = 4; i < 6; i++) config.rows[i] = QK / 4, config.colsb[i] = 4 * AMX_OUTPUTS;
   _tile_loadconfig(&config);
 }
 
-// Rows r0 .. r0 + 8 (those below M stored) times group g, the group's weight tiles at
-// ``tiles`` ([blocks][8][64] bytes: rows 0-3 the first half, 4-7 the second). ``xa``: the
-// chunk's codes as tiles of [blocks][16][32] bytes, row r holding row r's first half and 16
-// zeros, row 8 + r 16 zeros and its second half: one tile product gives both halves' sums,
-// rows 0-7 and 8-15 of the result. Every tile a block uses has a twin for the next block, so
-// the tile unit works on block b + 1 while the vector unit scales block b - 1's sums (stored
-// an iteration earlier: 16 rows' passes 3-7% faster than scaling the sums just stored), and
-// the 16 accumulators (8 rows, 2 halves) stay in registers.
-// R: the rows (of 8) whose sums are scaled, at least those below M (a last chunk of 1 row
-// takes the tile products of 8, but scales 1).
+// Rows r0 .. r0 + R times group g, the group's weight tiles at ``tiles`` ([blocks][8][64]
+// bytes); ``xa``: row r0's codes, a row every K bytes (the tiles read 16 rows: those past R
+// are padding, their sums dropped). Every tile a block uses has a twin for the
+// next block, so the tile unit works on block b + 1 while the vector unit scales block
+// b - 1's sums (stored an iteration earlier, so the vector loads never wait on the tile
+// store), and the R accumulators stay in registers.
+// R: the chunk's rows, 1 to 16 (a last chunk of 1 row takes the tile products of 16, but
+// scales and stores 1).
 template <bool Q4BLOCKS, int R>
 static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const int8_t* xa, const QuantRows& xq,
-                      int64_t r0, int64_t M, float* y, int64_t ldy) {
-  const int64_t B = w.blocks();
+                      int64_t r0, float* y, int64_t ldy) {
+  const int64_t B = w.blocks(), K = w.cols;
   const float* DX = xq.d.data() + r0 * B;
   const float* dw = w.amx_d + g * B * AMX_OUTPUTS;
-  alignas(64) int32_t sums[2][2 * AMX_ROWS][AMX_OUTPUTS];  // one per accumulator tile
-  __m512 acc[2][R];
-  for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+  alignas(64) int32_t sums[2][AMX_ROWS][AMX_OUTPUTS];  // one per accumulator tile
+  __m512 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   // Q4: signed codes of the rows times unsigned 4-bit weights; Q8: both signed.
-#define VS_AMX_ISSUE(b, c, a, wt)                        \
-  do {                                                   \
-    _tile_loadd(a, xa + (b) * 2 * AMX_ROWS * 32, 32);    \
-    _tile_loadd(wt, tiles + (b) * 512, 64);              \
-    _tile_zero(c);                                       \
-    if (Q4BLOCKS)                                        \
-      _tile_dpbsud(c, a, wt);                            \
-    else                                                 \
-      _tile_dpbssd(c, a, wt);                            \
+#define VS_AMX_ISSUE(b, c, a, wt)          \
+  do {                                     \
+    _tile_loadd(a, xa + (b) * QK, K);      \
+    _tile_loadd(wt, tiles + (b) * 512, 64); \
+    _tile_zero(c);                         \
+    if (Q4BLOCKS)                          \
+      _tile_dpbsud(c, a, wt);              \
+    else                                   \
+      _tile_dpbssd(c, a, wt);              \
   } while (0)
-#define VS_AMX_SCALE(b, s)                                                                      \
-  do {                                                                                          \
-    const __m512 d = _mm512_loadu_ps(dw + (b) * AMX_OUTPUTS);                                   \
-    for (int r = 0; r < R; r++) {                                                               \
-      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + (b)]));                   \
-      for (int h = 0; h < 2; h++)                                                               \
-        acc[h][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[s][h * AMX_ROWS + r])), scale, acc[h][r]); \
-    }                                                                                           \
+#define VS_AMX_SCALE(b, s)                                                                              \
+  do {                                                                                                  \
+    const __m512 d = _mm512_loadu_ps(dw + (b) * AMX_OUTPUTS);                                           \
+    for (int r = 0; r < R; r++) {                                                                       \
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + (b)]));                           \
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[s][r])), scale, acc[r]);       \
+    }                                                                                                   \
   } while (0)
   // The tile unit runs its instructions in order: a block's sums are stored before the next
   // block's product is issued, which then runs while the vector unit scales the block before:
@@ -963,11 +957,10 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
     VS_AMX_SCALE(B - 1, 1);
 #undef VS_AMX_ISSUE
 #undef VS_AMX_SCALE
-  const int64_t rows = std::min<int64_t>(R, M - r0);
   const int64_t valid = std::min<int64_t>(AMX_OUTPUTS, w.rows - g * AMX_OUTPUTS);
   const __mmask16 store = (__mmask16)((1u << valid) - 1);
-  for (int r = 0; r < rows; r++) {
-    __m512 out = _mm512_add_ps(acc[0][r], acc[1][r]);
+  for (int r = 0; r < R; r++) {
+    __m512 out = acc[r];
     if (Q4BLOCKS) {
       const float* mw = w.amx_m + g * B * AMX_OUTPUTS;
       const float* SX = xq.s.data() + (r0 + r) * B;
@@ -984,17 +977,9 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
 template <bool Q4BLOCKS>
 static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int64_t ldy) {
   const int64_t K = w.cols, B = w.blocks(), chunks = (M + AMX_ROWS - 1) / AMX_ROWS;
-  xq.d.resize(chunks * AMX_ROWS * B, 0.f);  // rows past M: zero scales (and zero codes below)
-  // The rows' codes in the tiles' layout (see amx_chunk), [chunks][blocks][16][32] bytes.
-  xq.amx.assign(chunks * B * 2 * AMX_ROWS * 32 + 64, 0);
-  int8_t* xa = (int8_t*)(((uintptr_t)xq.amx.data() + 63) & ~(uintptr_t)63);
-  for (int64_t r = 0; r < M; r++)
-    for (int64_t b = 0; b < B; b++) {
-      int8_t* tile = xa + ((r / AMX_ROWS) * B + b) * 2 * AMX_ROWS * 32;
-      const int8_t* codes = xq.q.data() + r * K + b * QK;
-      std::memcpy(tile + (r % AMX_ROWS) * 32, codes, AMX_HALF);
-      std::memcpy(tile + (AMX_ROWS + r % AMX_ROWS) * 32 + AMX_HALF, codes + AMX_HALF, AMX_HALF);
-    }
+  // A last chunk's tile loads read whole 16 rows: the codes padded (with anything: those
+  // rows' sums are dropped).
+  xq.q.resize(chunks * AMX_ROWS * K);
   const int64_t groups = (w.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS;
   const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (AMX_OUTPUTS * K * M));
   parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
@@ -1015,13 +1000,12 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
         tiles = unpacked;
       }
       for (int64_t c = 0; c < chunks; c++) {
-        const int8_t* codes = xa + c * B * 2 * AMX_ROWS * 32;
+        const int8_t* codes = xq.q.data() + c * AMX_ROWS * K;
         const int64_t r0 = c * AMX_ROWS, rows = std::min<int64_t>(AMX_ROWS, M - r0);
-        // The float steps are the bound: a chunk scales only its own rows (5 rows scaled
-        // as 8 cost 10.1 ms a pass, as 5 9.0).
+        // The float steps are a bound: a chunk scales only its own rows.
 #define VS_AMX_ROWS(R)                                             \
   case R:                                                          \
-    amx_chunk<Q4BLOCKS, R>(w, g, tiles, codes, xq, r0, M, y, ldy); \
+    amx_chunk<Q4BLOCKS, R>(w, g, tiles, codes, xq, r0, y, ldy); \
     break
         switch (rows) {
           VS_AMX_ROWS(1);
@@ -1031,13 +1015,102 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
           VS_AMX_ROWS(5);
           VS_AMX_ROWS(6);
           VS_AMX_ROWS(7);
+          VS_AMX_ROWS(8);
+          VS_AMX_ROWS(9);
+          VS_AMX_ROWS(10);
+          VS_AMX_ROWS(11);
+          VS_AMX_ROWS(12);
+          VS_AMX_ROWS(13);
+          VS_AMX_ROWS(14);
+          VS_AMX_ROWS(15);
           default:
-            amx_chunk<Q4BLOCKS, 8>(w, g, tiles, codes, xq, r0, M, y, ldy);
+            amx_chunk<Q4BLOCKS, 16>(w, g, tiles, codes, xq, r0, y, ldy);
         }
 #undef VS_AMX_ROWS
       }
     }
     _tile_release();
+  });
+}
+
+// A few rows times a group of 16 outputs on the AMX kernel's layout, with AVX-512 VNNI:
+// a tile row of weights is one vector whose lane n holds 4 codes of output n, so one dpbusd
+// against 4 of a row's codes, broadcast, adds to all 16 outputs' block sums at once; no
+// horizontal adds (tile_quant's bound for a single row), and the weights' unpacking is shared
+// by the rows. The same integers and float steps, in tile_quant's order, as every kernel.
+// 8-bit weights are signed, and dpbusd multiplies unsigned by signed bytes: the row's codes
+// go in as q + 128 and 128 times the weights' sums (per output) come off again, exactly.
+template <bool Q4BLOCKS, int R>
+static void amx_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+  const int64_t B = w.blocks(), K = w.cols;
+  const uint8_t* tiles = w.amx_codes + g * B * (Q4BLOCKS ? 256 : 512);
+  const float* dw = w.amx_d + g * B * AMX_OUTPUTS;
+  const float* mw = Q4BLOCKS ? w.amx_m + g * B * AMX_OUTPUTS : nullptr;
+  const float* DX = xq.d.data() + r0 * B;
+  const float* SX = xq.s.data() + r0 * B;
+  const int8_t* X = xq.q.data() + r0 * K;
+  const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
+  __m512 acc[R], minimum[R];
+  for (int r = 0; r < R; r++) acc[r] = minimum[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < B; b++) {
+    __m512i wv[QK / 4];  // wv[k]: codes 4k .. 4k + 3 of the 16 outputs
+    if (Q4BLOCKS) {
+      for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512(tiles + b * 256 + 64 * k);
+        wv[k] = _mm512_and_si512(v, low), wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      for (int k = 0; k < 8; k++) wv[k] = _mm512_loadu_si512(tiles + b * 512 + 64 * k);
+    }
+    __m512i offset = _mm512_setzero_si512();  // 128 x the weights' sums, 8-bit weights only
+    if (!Q4BLOCKS)
+      for (int k = 0; k < 8; k++) offset = _mm512_dpbusd_epi32(offset, bias, wv[k]);
+    const __m512 d = _mm512_loadu_ps(dw + b * AMX_OUTPUTS);
+    for (int r = 0; r < R; r++) {
+      const int8_t* x = X + r * K + b * QK;
+      __m512i part[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two shorter chains
+      for (int k = 0; k < 8; k++) {
+        int32_t four;
+        std::memcpy(&four, x + 4 * k, 4);
+        const __m512i xv = _mm512_set1_epi32(four);
+        part[k % 2] = Q4BLOCKS ? _mm512_dpbusd_epi32(part[k % 2], wv[k], xv)  // u8 weights, s8 codes
+                               : _mm512_dpbusd_epi32(part[k % 2], _mm512_xor_si512(xv, bias), wv[k]);  // u8 codes
+      }
+      __m512i sums = _mm512_add_epi32(part[0], part[1]);
+      if (!Q4BLOCKS) sums = _mm512_sub_epi32(sums, offset);
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + b]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
+      if (Q4BLOCKS)  // the minimums in block order too, apart from the products
+        minimum[r] = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * AMX_OUTPUTS), _mm512_set1_ps(SX[r * B + b]), minimum[r]);
+    }
+  }
+  const int64_t valid = std::min<int64_t>(AMX_OUTPUTS, w.rows - g * AMX_OUTPUTS);
+  const __mmask16 store = (__mmask16)((1u << valid) - 1);
+  for (int r = 0; r < R; r++) {
+    const __m512 out = Q4BLOCKS ? _mm512_add_ps(acc[r], minimum[r]) : acc[r];
+    _mm512_mask_storeu_ps(y + (r0 + r) * ldy + g * AMX_OUTPUTS, store, out);
+  }
+}
+
+// y = x W^T for M <= AMX_ROWS_MAX rows quantised in xq, amx_rows by groups of 16 outputs.
+constexpr int64_t AMX_ROWS_MAX = 8;
+template <bool Q4BLOCKS>
+static void matmul_amx_rows(const Matrix& w, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
+  const int64_t groups = (w.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS;
+  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (AMX_OUTPUTS * w.cols * M));
+  parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++) {
+      switch (M) {
+        case 1: amx_rows<Q4BLOCKS, 1>(w, g, xq, 0, y, ldy); break;
+        case 2: amx_rows<Q4BLOCKS, 2>(w, g, xq, 0, y, ldy); break;
+        case 3: amx_rows<Q4BLOCKS, 3>(w, g, xq, 0, y, ldy); break;
+        case 4: amx_rows<Q4BLOCKS, 4>(w, g, xq, 0, y, ldy); break;
+        case 5: amx_rows<Q4BLOCKS, 5>(w, g, xq, 0, y, ldy); break;
+        case 6: amx_rows<Q4BLOCKS, 6>(w, g, xq, 0, y, ldy); break;
+        case 7: amx_rows<Q4BLOCKS, 7>(w, g, xq, 0, y, ldy); break;
+        default: amx_rows<Q4BLOCKS, 8>(w, g, xq, 0, y, ldy); break;
+      }
+    }
   });
 }
 
@@ -1091,12 +1164,21 @@ static bool set_amx_min_rows(int64_t rows) {
 static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t ldy, QuantRows& scratch) {
   if (w.quantized()) quantize_rows(x, M, w.cols, scratch);
 #ifdef VS_AMX
-  if (w.amx_codes != nullptr && M >= amx_min_rows()) {
-    if (w.format == Q4)
-      matmul_amx<true>(w, scratch, M, y, ldy);
-    else
-      matmul_amx<false>(w, scratch, M, y, ldy);
-    return add_bias(w, M, y, ldy);
+  if (w.amx_codes != nullptr && amx_min_rows() != INT64_MAX) {
+    if (M >= amx_min_rows()) {
+      if (w.format == Q4)
+        matmul_amx<true>(w, scratch, M, y, ldy);
+      else
+        matmul_amx<false>(w, scratch, M, y, ldy);
+      return add_bias(w, M, y, ldy);
+    }
+    if (M <= AMX_ROWS_MAX) {
+      if (w.format == Q4)
+        matmul_amx_rows<true>(w, scratch, M, y, ldy);
+      else
+        matmul_amx_rows<false>(w, scratch, M, y, ldy);
+      return add_bias(w, M, y, ldy);
+    }
   }
 #endif
 #ifdef VS_VNNI
