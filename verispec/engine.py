@@ -207,9 +207,13 @@ class Engine:
         ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
         return [int(t) for t in ids]
 
-    def drafter(self, name: str, **options: Any) -> Drafter:
-        """The drafter ``name`` for this engine's target, built once per set of options."""
+    def drafter(self, name: str, *, fresh: bool = False, **options: Any) -> Drafter:
+        """The drafter ``name`` for this engine's target, built once per set of options, or
+        with ``fresh`` a new one kept apart (a drafter that learns across requests, such as
+        ``suffix``, then learns only from the requests it serves)."""
         merged = {**self.drafter_options, **options}
+        if fresh:
+            return create_drafter(name, DrafterContext(self.target, self.tokenizer, merged))
         key = (
             name,
             tuple(sorted((k, id(v) if not isinstance(v, (int, str, float)) else v) for k, v in merged.items())),

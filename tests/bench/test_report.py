@@ -110,6 +110,8 @@ def test_config_parsing():
         parse_config("lookup:n=3", drafters)
     with pytest.raises(BenchConfigError, match="must be an integer"):
         parse_config("lookup:k=many", drafters)
+    with pytest.raises(BenchConfigError, match="k_max must be >= 0"):
+        parse_config("lookup:k_max=-1", drafters)
     with pytest.raises(BenchConfigError, match="key=value"):
         parse_config("lookup:k", drafters)
     with pytest.raises(BenchConfigError, match="repeat"):

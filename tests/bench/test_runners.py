@@ -42,3 +42,40 @@ def test_every_run_starts_cold(tiny_gguf):
     # Outside the bench the same engine reuses the prompt it still holds.
     engine.generate(prompt, drafter="none", max_tokens=4)
     assert engine.target.reused_tokens == len(prompt) - 1
+
+
+def test_k_max_reaches_the_engine(tiny_gguf):
+    # ``k_max`` bounds what ``k=auto`` may choose: at 0 the governor never drafts (nor probes),
+    # while the same configuration without it offers drafts on a repetitive prompt.
+    from tests import tiny
+    from verispec.bench.runners import VerispecRunner
+    from verispec.engine import Engine
+    from verispec.targets.llamacpp import LlamaCppTarget
+
+    engine = Engine(LlamaCppTarget(tiny_gguf), tiny.char_tokenizer())
+    prompt = engine.encode("the cat sat on the mat. " * 6)
+    offered = {}
+    for name in ("lookup:k=auto", "lookup:k=auto,k_max=0"):
+        record = VerispecRunner(parse_config(name, ["none", "lookup"]), engine, "auto").run(prompt, 24, 0.0, 0)
+        offered[name] = record.stats["offered"]
+    assert offered["lookup:k=auto"] > 0
+    assert offered["lookup:k=auto,k_max=0"] == 0
+
+
+def test_configurations_never_share_a_drafter_that_learns_across_requests(tiny_gguf):
+    # Two suffix configurations with the same drafter options ran one drafter, whose cache
+    # then held the other configuration's answer to the same prompt (5.6 tokens a round
+    # against 3.2 on the edit workload); each must learn only from its own runs.
+    from tests import tiny
+    from verispec.bench.runners import VerispecRunner
+    from verispec.engine import Engine
+    from verispec.targets.llamacpp import LlamaCppTarget
+
+    engine = Engine(LlamaCppTarget(tiny_gguf), tiny.char_tokenizer())
+    prompt = engine.encode("the cat sat on the mat. " * 6)
+    names = ["none", "suffix"]
+    first, second = (VerispecRunner(parse_config(n, names), engine, "auto") for n in ("suffix", "suffix:k_max=4"))
+    first.run(prompt, 24, 0.0, 0)
+    assert len(first.drafter.cache) > 0 and len(second.drafter.cache) == 0
+    # Drafters without such a cache are still shared (trained weights load once).
+    assert engine.drafter("lookup") is engine.drafter("lookup")

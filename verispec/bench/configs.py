@@ -13,7 +13,8 @@ bf16, int8, int4), ``exact`` (on or off; torch), ``confidence`` (the trained
 drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained drafters'
 weights directory, as ``--drafter-weights``: two trainings compared in one run), ``cache``
 (the suffix drafter's cross-request cache in tokens; 0: off), ``branches`` (the suffix
-drafter's candidates per node: 1 drafts chains, more drafts trees).
+drafter's candidates per node: 1 drafts chains, more drafts trees), ``k_max`` (the most
+drafts ``k=auto`` may choose a round; the engine's default otherwise).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -32,7 +33,7 @@ from verispec.errors import UserError
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches"}
+VERISPEC_OPTIONS = {"k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches"}
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
 
@@ -126,6 +127,7 @@ def parse_config(text: str, drafters: list[str]) -> BenchConfig:
     config = BenchConfig(label=text.strip(), name=name, options=options)
     config.k_option(0)
     config.int_option("n", 0)
+    config.int_option("k_max", 0)
     config.engine_options()
     try:
         config.drafter_options()

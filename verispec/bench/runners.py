@@ -80,7 +80,14 @@ class VerispecRunner:
     def __init__(self, config: BenchConfig, engine: Any, default_k: int | str) -> None:
         self.config, self.engine = config, engine
         self.drafter = engine.drafter(config.name, **config.drafter_options())
+        if getattr(self.drafter, "cache", None) is not None:
+            # One that learns across requests gets its own: configurations with the same
+            # drafter options (``suffix``, ``suffix:k_max=7``) would otherwise share its cache,
+            # and each would draft from the other's answer to the same prompt.
+            self.drafter = engine.drafter(config.name, fresh=True, **config.drafter_options())
         self.k = config.k_option(default_k)
+        # k_max only where the configuration sets it: the engine's default otherwise
+        self.limits = {"k_max": config.int_option("k_max", 0)} if "k_max" in config.options else {}
 
     def start_pass(self) -> None:
         """Forget what earlier runs taught a drafter that learns across requests."""
@@ -93,7 +100,13 @@ class VerispecRunner:
         with PeakMemory() as memory:
             start = time.perf_counter()
             result = self.engine.generate(
-                prompt_ids, drafter=self.drafter, k=self.k, temperature=temperature, seed=seed, max_tokens=max_tokens
+                prompt_ids,
+                drafter=self.drafter,
+                k=self.k,
+                temperature=temperature,
+                seed=seed,
+                max_tokens=max_tokens,
+                **self.limits,
             )
             seconds = time.perf_counter() - start
         return RunRecord(len(result.token_ids), seconds, result.token_ids, memory.peak / 2**20, result.stats.as_dict())
