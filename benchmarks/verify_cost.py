@@ -11,9 +11,9 @@ A configuration ``native`` times verispec's native decoder with the file's own f
 ``native:WEIGHTS`` with ``--weights WEIGHTS`` (bf16, int8, int4); ``native-torch`` and
 ``native-compiled`` time the native decoder's torch path, eager and through ``torch.compile``
 (its compile time is spent in the load's self-test, before any timing); ``native-vector`` times
-the native decoder with its AMX kernels off (the vector kernels on every pass; where the CPU has
-no AMX tiles it is ``native``) and ``native-amxN`` with tile products from N rows up, the
-AMX layout's VNNI kernel below (the threshold's A/B); ``llama.cpp`` times the
+the native decoder with its wide-layout kernels off (the vector kernels on every pass; where the
+CPU has no AVX-512 VNNI it is ``native``) and ``native-amxN`` with AMX tile products from N rows
+up, the wide layout's VNNI kernel below (the threshold's A/B, where the CPU has tiles); ``llama.cpp`` times the
 llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on another GGUF file
 (another quantisation type, say):
 
@@ -33,7 +33,7 @@ from verispec.targets.torch_target import TorchTarget, parse_dtype
 
 
 def use_amx(config: str) -> None:
-    """The AMX kernels at their default for every configuration but ``native-vector`` (off) and
+    """The wide-layout kernels at their default for every configuration but ``native-vector`` (off) and
     ``native-amxN`` (tiles from N rows up): one switch per process, set before each one's passes."""
     from verispec.native import kernels
 

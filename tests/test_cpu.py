@@ -18,6 +18,8 @@ def test_flags_are_read_from_the_first_flags_line(tmp_path):
     assert cpu.cpu_has_amx_int8(flags) and cpu.cpu_has_native_bf16(flags)
     assert not cpu.cpu_has_amx_int8(frozenset({"amx_tile"}))  # tiles without int8 products
     assert not cpu.cpu_has_native_bf16(frozenset({"avx512f"}))
+    assert cpu.cpu_has_avx512_vnni(frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx2"}))
+    assert not cpu.cpu_has_avx512_vnni(frozenset({"avx2", "avx_vnni"}))  # AVX-VNNI is 256 bits only
     assert cpu.cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
@@ -26,8 +28,9 @@ def test_the_native_kernels_run_amx_exactly_where_the_cpu_lists_it():
     # the llama.cpp backend decides from the flags. Both must see the same CPU.
     from verispec.native import kernels
 
-    if os.environ.get("VERISPEC_AMX") == "0":
-        pytest.skip("VERISPEC_AMX=0 turns the AMX kernel off")
+    if "0" in (os.environ.get("VERISPEC_AMX"), os.environ.get("VERISPEC_WIDE")):
+        pytest.skip("VERISPEC_AMX=0 or VERISPEC_WIDE=0 turns the AMX kernel off")
     module = kernels.load()
     assert module is not None, kernels.build_error()
     assert module.amx_available() == cpu.cpu_has_amx_int8()
+    assert module.wide_available() == cpu.cpu_has_avx512_vnni()

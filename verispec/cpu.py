@@ -35,3 +35,9 @@ def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
 def cpu_has_amx_int8(flags: frozenset[str] | None = None) -> bool:
     """True on x86 CPUs with AMX tiles for int8 (Sapphire Rapids and later)."""
     return {"amx_tile", "amx_int8"} <= (cpu_flags() if flags is None else flags)
+
+
+def cpu_has_avx512_vnni(flags: frozenset[str] | None = None) -> bool:
+    """True on x86 CPUs with AVX-512 VNNI (Intel from Ice Lake, AMD from Zen 4), where the
+    native kernels carry the wide layout."""
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= (cpu_flags() if flags is None else flags)

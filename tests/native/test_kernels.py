@@ -134,16 +134,17 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40])
 @pytest.mark.parametrize("tiles_from", [-1, 2])
-def test_the_amx_kernels_give_each_row_what_the_vector_kernels_give(ext, name, count, tiles_from):
-    # Where the CPU has AMX tiles, quantised passes run on the AMX layout: a few rows on the
-    # AVX-512 VNNI kernel (one dpbusd serves 16 outputs), more rows on tile products of whole
-    # blocks; both then run the vector kernels' float steps in their order. tiles_from -1:
-    # the default split; 2: the tiles from 2 rows up (verify_cost's native-amx2). 36 outputs:
+def test_the_wide_kernels_give_each_row_what_the_vector_kernels_give(ext, name, count, tiles_from):
+    # Where the CPU has AVX-512 VNNI, quantised passes run on the wide layout: rows on its VNNI
+    # kernel (one dpbusd serves 16 outputs), in chunks of 8; where it has AMX tiles, passes of
+    # many rows on tile products of whole blocks; both then run the vector kernels' float
+    # steps in their order. tiles_from -1: the default split; 2: the tiles from 2 rows up
+    # (verify_cost's native-amx2; without tiles the same as -1). 36 outputs:
     # two groups of 16 and a part group; 96 columns: three blocks (an odd number: the tile
     # kernel works on blocks in pairs); -128 among the 8-bit codes. Rows past a multiple of
     # 16 are padding.
-    if not ext.amx_available():
-        pytest.skip("no AMX tiles on this CPU (or VERISPEC_AMX=0): the vector kernels run every pass")
+    if not ext.wide_available():
+        pytest.skip("no AVX-512 VNNI on this CPU (or VERISPEC_WIDE=0): the vector kernels run every pass")
     values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
     raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
     if name == "Q8_0":

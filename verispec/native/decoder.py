@@ -118,8 +118,10 @@ class KernelDecoder:
         self.slots = slots
         cos, sin = rope_tables(checkpoint, context)
         self._kernels = kernels
-        # Quantised passes run on the AMX kernels where the CPU has tiles (bit-identical rows;
-        # see decoder.cpp); the matrices made below then carry the tiles' copy of their weights.
+        # Quantised passes run on the wide layout's kernels where the CPU has AVX-512 VNNI, and
+        # on AMX tiles for many rows where it has them (bit-identical rows; see decoder.cpp);
+        # the matrices made below then carry that layout's copy of their weights.
+        self.wide = bool(kernels.wide_available())
         self.amx = bool(kernels.amx_available())
         # Every pass runs on the process's torch threads as they were outside any
         # ``torch_alone_between_passes`` (a decoder may load inside one: a draft model's).

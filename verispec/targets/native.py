@@ -159,7 +159,9 @@ class NativeTarget:
         compiled = getattr(self.decoder, "compile_seconds", None)
         path = f"torch, compiled in {compiled:.0f} s" if compiled is not None else self.decoder.path
         if getattr(self.decoder, "amx", False):
-            path += " (AMX layout: VNNI rows, tiles for passes of 9+ rows)"
+            path += " (wide layout: VNNI rows, AMX tiles for passes of 9+ rows)"
+        elif getattr(self.decoder, "wide", False):
+            path += " (wide layout: VNNI rows)"
         return f"native {path}, {checkpoints.describe(self.checkpoint)}"
 
     @property

@@ -14,8 +14,10 @@
 // packed in tiles of 4 output rows so that one tile's bytes are contiguous (see pack.py).
 // Quantised matrices multiply activations quantised per row to 8 bits in blocks of 32
 // (xq, with scale dx and dx * sum(xq)), with integer dot products inside a block, as
-// llama.cpp does; float matrices multiply float32 activations. Where the CPU has AMX tiles,
-// passes of several rows take them for the integer products (see matmul_amx).
+// llama.cpp does; float matrices multiply float32 activations. Where the CPU has AVX-512
+// VNNI, quantised matrices also carry a wide layout of 16 outputs per group (matmul_wide_rows),
+// and where it has AMX tiles, passes of many rows take them for the integer products
+// (matmul_amx); every kernel gives a row the same bits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -63,10 +65,15 @@
 #define VS_AVX512 1
 #endif
 
-// AMX tiles (int8) for passes of many rows, where the CPU has them (runtime-checked too: the
-// kernel must grant the process the tile state).
-#if defined(VS_AVX2) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && \
-    defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// The wide layout (16 outputs per group, see prepack_wide) and its AVX-512 VNNI kernel, where
+// the CPU has AVX-512 VNNI (Intel from Ice Lake, AMD from Zen 4).
+#if defined(VS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define VS_WIDE 1
+#endif
+
+// AMX tiles (int8) on the wide layout for passes of many rows, where the CPU has them
+// (runtime-checked too: the kernel must grant the process the tile state).
+#if defined(VS_WIDE) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define VS_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -344,11 +351,23 @@ static bool amx_permitted() {
 #endif
 }
 
-// VERISPEC_AMX=0 keeps the AMX kernel (and its copy of the weights) out.
-static bool amx_wanted() {
-  const char* setting = std::getenv("VERISPEC_AMX");
-  return !(setting != nullptr && std::strcmp(setting, "0") == 0) && amx_permitted();
+static bool setting_off(const char* name) {
+  const char* setting = std::getenv(name);
+  return setting != nullptr && std::strcmp(setting, "0") == 0;
 }
+
+// Whether quantised matrices carry the wide layout (VERISPEC_WIDE=0 keeps it, and its copy
+// of the weights, out: the vector kernels then run every pass).
+static bool wide_wanted() {
+#ifdef VS_WIDE
+  return !setting_off("VERISPEC_WIDE");
+#else
+  return false;
+#endif
+}
+
+// Whether passes of many rows take AMX tiles on the wide layout (VERISPEC_AMX=0: never).
+static bool amx_wanted() { return wide_wanted() && !setting_off("VERISPEC_AMX") && amx_permitted(); }
 
 // ---------------------------------------------------------------------------------------
 // Weights.
@@ -358,18 +377,18 @@ struct Matrix {
   at::Tensor data, scale, minimum, bias;  // owners of the memory below
   const void* raw = nullptr;              // data
   const float *d = nullptr, *m = nullptr, *b = nullptr;  // scale, minimum, bias (or null)
-  // The AMX kernel's copy of a quantised matrix, where it runs (prepack_amx; else empty).
-  at::Tensor amx_data, amx_scales;
-  const uint8_t* amx_codes = nullptr;
-  const float *amx_d = nullptr, *amx_m = nullptr;
+  // The wide layout's copy of a quantised matrix, where it runs (prepack_wide; else empty).
+  at::Tensor wide_data, wide_scales;
+  const uint8_t* wide_codes = nullptr;
+  const float *wide_d = nullptr, *wide_m = nullptr;
   int64_t tiles() const { return (rows + TILE - 1) / TILE; }
   int64_t blocks() const { return cols / QK; }
   bool quantized() const { return format == Q8_0 || format == Q4; }
   bool floating() const { return !quantized(); }
 };
 
-#ifdef VS_AMX
-static void prepack_amx(Matrix& m);
+#ifdef VS_WIDE
+static void prepack_wide(Matrix& m);
 #endif
 
 static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor data,
@@ -395,8 +414,8 @@ static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor
   if (scale.defined()) m.d = scale.data_ptr<float>();
   if (minimum.defined()) m.m = minimum.data_ptr<float>();
   if (bias.defined()) m.b = bias.data_ptr<float>();
-#ifdef VS_AMX
-  if (quantized && amx_wanted()) prepack_amx(m);
+#ifdef VS_WIDE
+  if (quantized && wide_wanted()) prepack_wide(m);
 #endif
   return m;
 }
@@ -855,18 +874,22 @@ static void add_bias(const Matrix& w, int64_t M, float* y, int64_t ldy) {
   }
 }
 
-// Where the CPU has AMX, quantised passes run on the AMX layout: passes of at least
-// AMX_MIN_ROWS rows take the tiles (matmul_amx), fewer rows the AVX-512 VNNI kernel on the
-// same layout (matmul_amx_rows, up to AMX_ROWS_MAX); set_amx_min_rows moves the threshold
-// (-1: this default; 0: neither, the vector kernels on every pass). Whole passes of the
-// embedded model on 2 cores at 500 tokens of context (benchmarks/verify_cost.py: native,
-// native-amx2 = tiles from 2 rows, native-vector; medians of 12, interleaved): 1 row 6.9 /
-// 6.7 / 8.5 ms, 2 rows 7.4 / 9.5 / 10.9, 5 rows 9.3 / 10.5 / 18.8, 8 rows 10.9 / 12.1 /
-// 16.0, 9 rows 13.5 / 13.6 / 18.4, 16 rows 18.1 / 18.0 / 25.6. A tile product takes 16
-// rows whatever the pass has; the VNNI kernel's work grows with its rows.
+// Where the CPU has AVX-512 VNNI, quantised passes run on the wide layout (prepack_wide):
+// passes of up to wide_max_rows() rows on its VNNI kernel (matmul_wide_rows), and where it
+// also has AMX tiles, passes of at least AMX_MIN_ROWS rows on tile products (matmul_amx);
+// set_amx_min_rows moves the tiles' threshold (-1: this default; 0: neither, the vector
+// kernels on every pass). Whole passes of the embedded model on 2 cores at 500 tokens of
+// context (benchmarks/verify_cost.py: native, native-amx2 = tiles from 2 rows,
+// native-vector; medians of 12, interleaved), Sapphire Rapids: 1 row 6.9 / 6.7 / 8.5 ms,
+// 2 rows 7.4 / 9.5 / 10.9, 5 rows 9.3 / 10.5 / 18.8, 8 rows 10.9 / 12.1 / 16.0, 9 rows
+// 13.5 / 13.6 / 18.4, 16 rows 18.1 / 18.0 / 25.6. A tile product takes 16 rows whatever
+// the pass has; the VNNI kernel's work grows with its rows. Without tiles (AMD Zen 4, 2
+// cores, same measure, native / native-vector): 1 row 5.5 / 6.5 ms, 8 rows 12.9 / 19.8,
+// 16 rows 21.9 / 33.4, 64 rows 73.1 / 119.9, 128 rows 142 / 226: the VNNI kernel at every size.
 static std::atomic<int64_t> amx_min_rows_{-1};
 constexpr int64_t AMX_MIN_ROWS = 9;
-
+constexpr int64_t WIDE_ROWS_MAX = 8;  // with tiles; without, the VNNI kernel takes every pass
+constexpr int64_t WIDE_OUTPUTS = 16;  // outputs per group of the wide layout
 #ifdef VS_AMX
 // ---------------------------------------------------------------------------------------
 // AMX (Intel's tile matrix unit): 16 rows x 16 outputs of a quantised matrix at a time.
@@ -877,13 +900,13 @@ constexpr int64_t AMX_MIN_ROWS = 9;
 // bit for bit tile_quant's results, so which kernel ran a row never shows
 // (tests/native/test_kernels.py; the load-time self-test).
 //
-// Weights in AMX's layout (prepack_amx, at load; a second copy beside the packed tiles):
+// Weights in the wide layout (prepack_wide, at load; a second copy beside the packed tiles):
 // per group of 16 outputs and block, row k of a tile holds bytes 4k .. 4k + 3 of each
 // output's codes. The rows' codes are read in place (row r of a tile is row r's block). The
 // integer work is the tile unit's; the float steps (a convert and a fused multiply-add per
 // row and block, 16 outputs a vector) and the tile stores share the bound.
 
-constexpr int64_t AMX_ROWS = 16, AMX_OUTPUTS = 16;
+constexpr int64_t AMX_ROWS = 16;
 
 struct TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -895,9 +918,9 @@ struct TileConfig {
 // 4, 5: their weights (8 x 64 bytes).
 static void load_amx_config() {
   alignas(64) TileConfig config;
-  for (int i = 0; i < 2; i++) config.rows[i] = AMX_ROWS, config.colsb[i] = 4 * AMX_OUTPUTS;
+  for (int i = 0; i < 2; i++) config.rows[i] = AMX_ROWS, config.colsb[i] = 4 * WIDE_OUTPUTS;
   for (int i = 2; i < 4; i++) config.rows[i] = AMX_ROWS, config.colsb[i] = QK;
-  for (int i = 4; i < 6; i++) config.rows[i] = QK / 4, config.colsb[i] = 4 * AMX_OUTPUTS;
+  for (int i = 4; i < 6; i++) config.rows[i] = QK / 4, config.colsb[i] = 4 * WIDE_OUTPUTS;
   _tile_loadconfig(&config);
 }
 
@@ -914,8 +937,8 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
                       int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
   const float* DX = xq.d.data() + r0 * B;
-  const float* dw = w.amx_d + g * B * AMX_OUTPUTS;
-  alignas(64) int32_t sums[2][AMX_ROWS][AMX_OUTPUTS];  // one per accumulator tile
+  const float* dw = w.wide_d + g * B * WIDE_OUTPUTS;
+  alignas(64) int32_t sums[2][AMX_ROWS][WIDE_OUTPUTS];  // one per accumulator tile
   __m512 acc[R];
   for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   // Q4: signed codes of the rows times unsigned 4-bit weights; Q8: both signed.
@@ -931,7 +954,7 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
   } while (0)
 #define VS_AMX_SCALE(b, s)                                                                              \
   do {                                                                                                  \
-    const __m512 d = _mm512_loadu_ps(dw + (b) * AMX_OUTPUTS);                                           \
+    const __m512 d = _mm512_loadu_ps(dw + (b) * WIDE_OUTPUTS);                                           \
     for (int r = 0; r < R; r++) {                                                                       \
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + (b)]));                           \
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[s][r])), scale, acc[r]);       \
@@ -942,11 +965,11 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
   // sums stored a block earlier, so the vector loads never wait for the tile store.
   VS_AMX_ISSUE(0, 0, 2, 4);
   for (int64_t b = 0; b < B; b += 2) {
-    _tile_stored(0, sums[0], 4 * AMX_OUTPUTS);
+    _tile_stored(0, sums[0], 4 * WIDE_OUTPUTS);
     if (b + 1 < B) VS_AMX_ISSUE(b + 1, 1, 3, 5);
     if (b > 0) VS_AMX_SCALE(b - 1, 1);
     if (b + 1 < B) {
-      _tile_stored(1, sums[1], 4 * AMX_OUTPUTS);
+      _tile_stored(1, sums[1], 4 * WIDE_OUTPUTS);
       if (b + 2 < B) VS_AMX_ISSUE(b + 2, 0, 2, 4);
       VS_AMX_SCALE(b, 0);
     }
@@ -957,19 +980,19 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
     VS_AMX_SCALE(B - 1, 1);
 #undef VS_AMX_ISSUE
 #undef VS_AMX_SCALE
-  const int64_t valid = std::min<int64_t>(AMX_OUTPUTS, w.rows - g * AMX_OUTPUTS);
+  const int64_t valid = std::min<int64_t>(WIDE_OUTPUTS, w.rows - g * WIDE_OUTPUTS);
   const __mmask16 store = (__mmask16)((1u << valid) - 1);
   for (int r = 0; r < R; r++) {
     __m512 out = acc[r];
     if (Q4BLOCKS) {
-      const float* mw = w.amx_m + g * B * AMX_OUTPUTS;
+      const float* mw = w.wide_m + g * B * WIDE_OUTPUTS;
       const float* SX = xq.s.data() + (r0 + r) * B;
       __m512 minimum = _mm512_setzero_ps();
       for (int64_t b = 0; b < B; b++)
-        minimum = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * AMX_OUTPUTS), _mm512_set1_ps(SX[b]), minimum);
+        minimum = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * WIDE_OUTPUTS), _mm512_set1_ps(SX[b]), minimum);
       out = _mm512_add_ps(out, minimum);
     }
-    _mm512_mask_storeu_ps(y + (r0 + r) * ldy + g * AMX_OUTPUTS, store, out);
+    _mm512_mask_storeu_ps(y + (r0 + r) * ldy + g * WIDE_OUTPUTS, store, out);
   }
 }
 
@@ -980,8 +1003,8 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
   // A last chunk's tile loads read whole 16 rows: the codes padded (with anything: those
   // rows' sums are dropped).
   xq.q.resize(chunks * AMX_ROWS * K);
-  const int64_t groups = (w.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS;
-  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (AMX_OUTPUTS * K * M));
+  const int64_t groups = (w.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS;
+  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (WIDE_OUTPUTS * K * M));
   parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     load_amx_config();
     // Q4: a group's 4-bit codes unpacked to the halves' byte tiles, once for all chunks.
@@ -989,7 +1012,7 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
     uint8_t* unpacked = (uint8_t*)(((uintptr_t)storage.data() + 63) & ~(uintptr_t)63);
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t g = g0; g < g1; g++) {
-      const uint8_t* tiles = w.amx_codes + g * B * (Q4BLOCKS ? 256 : 512);
+      const uint8_t* tiles = w.wide_codes + g * B * (Q4BLOCKS ? 256 : 512);
       if (Q4BLOCKS) {
         for (int64_t b = 0; b < B; b++)
           for (int k = 0; k < 4; k++) {
@@ -1033,7 +1056,10 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
   });
 }
 
-// A few rows times a group of 16 outputs on the AMX kernel's layout, with AVX-512 VNNI:
+#endif
+
+#ifdef VS_WIDE
+// Up to 8 rows times a group of 16 outputs on the wide layout, with AVX-512 VNNI:
 // a tile row of weights is one vector whose lane n holds 4 codes of output n, so one dpbusd
 // against 4 of a row's codes, broadcast, adds to all 16 outputs' block sums at once; no
 // horizontal adds (tile_quant's bound for a single row), and the weights' unpacking is shared
@@ -1041,11 +1067,11 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
 // 8-bit weights are signed, and dpbusd multiplies unsigned by signed bytes: the row's codes
 // go in as q + 128 and 128 times the weights' sums (per output) come off again, exactly.
 template <bool Q4BLOCKS, int R>
-static void amx_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
-  const uint8_t* tiles = w.amx_codes + g * B * (Q4BLOCKS ? 256 : 512);
-  const float* dw = w.amx_d + g * B * AMX_OUTPUTS;
-  const float* mw = Q4BLOCKS ? w.amx_m + g * B * AMX_OUTPUTS : nullptr;
+  const uint8_t* tiles = w.wide_codes + g * B * (Q4BLOCKS ? 256 : 512);
+  const float* dw = w.wide_d + g * B * WIDE_OUTPUTS;
+  const float* mw = Q4BLOCKS ? w.wide_m + g * B * WIDE_OUTPUTS : nullptr;
   const float* DX = xq.d.data() + r0 * B;
   const float* SX = xq.s.data() + r0 * B;
   const int8_t* X = xq.q.data() + r0 * K;
@@ -1065,7 +1091,7 @@ static void amx_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0
     __m512i offset = _mm512_setzero_si512();  // 128 x the weights' sums, 8-bit weights only
     if (!Q4BLOCKS)
       for (int k = 0; k < 8; k++) offset = _mm512_dpbusd_epi32(offset, bias, wv[k]);
-    const __m512 d = _mm512_loadu_ps(dw + b * AMX_OUTPUTS);
+    const __m512 d = _mm512_loadu_ps(dw + b * WIDE_OUTPUTS);
     for (int r = 0; r < R; r++) {
       const int8_t* x = X + r * K + b * QK;
       __m512i part[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two shorter chains
@@ -1081,80 +1107,97 @@ static void amx_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + b]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
       if (Q4BLOCKS)  // the minimums in block order too, apart from the products
-        minimum[r] = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * AMX_OUTPUTS), _mm512_set1_ps(SX[r * B + b]), minimum[r]);
+        minimum[r] = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * WIDE_OUTPUTS), _mm512_set1_ps(SX[r * B + b]), minimum[r]);
     }
   }
-  const int64_t valid = std::min<int64_t>(AMX_OUTPUTS, w.rows - g * AMX_OUTPUTS);
+  const int64_t valid = std::min<int64_t>(WIDE_OUTPUTS, w.rows - g * WIDE_OUTPUTS);
   const __mmask16 store = (__mmask16)((1u << valid) - 1);
   for (int r = 0; r < R; r++) {
     const __m512 out = Q4BLOCKS ? _mm512_add_ps(acc[r], minimum[r]) : acc[r];
-    _mm512_mask_storeu_ps(y + (r0 + r) * ldy + g * AMX_OUTPUTS, store, out);
+    _mm512_mask_storeu_ps(y + (r0 + r) * ldy + g * WIDE_OUTPUTS, store, out);
   }
 }
 
-// y = x W^T for M <= AMX_ROWS_MAX rows quantised in xq, amx_rows by groups of 16 outputs.
-constexpr int64_t AMX_ROWS_MAX = 8;
+// y = x W^T for the M rows quantised in xq, wide_rows by groups of 16 outputs, the rows in
+// chunks of at most 8 (a group's weights stay in L1 between chunks).
 template <bool Q4BLOCKS>
-static void matmul_amx_rows(const Matrix& w, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
-  const int64_t groups = (w.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS;
-  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (AMX_OUTPUTS * w.cols * M));
+static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
+  const int64_t groups = (w.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS;
+  const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (WIDE_OUTPUTS * w.cols * M));
   parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; g++) {
-      switch (M) {
-        case 1: amx_rows<Q4BLOCKS, 1>(w, g, xq, 0, y, ldy); break;
-        case 2: amx_rows<Q4BLOCKS, 2>(w, g, xq, 0, y, ldy); break;
-        case 3: amx_rows<Q4BLOCKS, 3>(w, g, xq, 0, y, ldy); break;
-        case 4: amx_rows<Q4BLOCKS, 4>(w, g, xq, 0, y, ldy); break;
-        case 5: amx_rows<Q4BLOCKS, 5>(w, g, xq, 0, y, ldy); break;
-        case 6: amx_rows<Q4BLOCKS, 6>(w, g, xq, 0, y, ldy); break;
-        case 7: amx_rows<Q4BLOCKS, 7>(w, g, xq, 0, y, ldy); break;
-        default: amx_rows<Q4BLOCKS, 8>(w, g, xq, 0, y, ldy); break;
+    for (int64_t g = g0; g < g1; g++)
+      for (int64_t r0 = 0; r0 < M; r0 += 8) {
+        switch (std::min<int64_t>(8, M - r0)) {
+          case 1: wide_rows<Q4BLOCKS, 1>(w, g, xq, r0, y, ldy); break;
+          case 2: wide_rows<Q4BLOCKS, 2>(w, g, xq, r0, y, ldy); break;
+          case 3: wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy); break;
+          case 4: wide_rows<Q4BLOCKS, 4>(w, g, xq, r0, y, ldy); break;
+          case 5: wide_rows<Q4BLOCKS, 5>(w, g, xq, r0, y, ldy); break;
+          case 6: wide_rows<Q4BLOCKS, 6>(w, g, xq, r0, y, ldy); break;
+          case 7: wide_rows<Q4BLOCKS, 7>(w, g, xq, r0, y, ldy); break;
+          default: wide_rows<Q4BLOCKS, 8>(w, g, xq, r0, y, ldy); break;
+        }
       }
-    }
   });
 }
 
-// The weights in AMX's layout (see above), kept beside the packed tiles: per group of 16
+// The weights in the wide layout, AMX's (see above), kept beside the packed tiles: per group of 16
 // outputs and block, Q4's 16-byte halves as one 4 x 64-byte tile of code bytes whose low
 // nibbles are the first half and high nibbles the second (a Q4 byte holds weights i and
 // i + 16), Q8's as two; the scales (and minimums) as [groups][blocks][16]. Outputs past the
 // matrix's rows are zero.
-static void prepack_amx(Matrix& m) {
-  const int64_t B = m.blocks(), groups = (m.rows + AMX_OUTPUTS - 1) / AMX_OUTPUTS, tiles = m.tiles();
+static void prepack_wide(Matrix& m) {
+  const int64_t B = m.blocks(), groups = (m.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS, tiles = m.tiles();
   const bool q4 = m.format == Q4;
   const int64_t words = q4 ? 64 : 128;  // 4-byte words per group and block
-  m.amx_data = at::zeros({groups * B * words * 4 + 64}, at::kByte);
-  m.amx_scales = at::zeros({(q4 ? 2 : 1) * groups * B * AMX_OUTPUTS}, at::kFloat);
-  uint8_t* base = (uint8_t*)(((uintptr_t)m.amx_data.data_ptr<uint8_t>() + 63) & ~(uintptr_t)63);
-  float* scales = m.amx_scales.data_ptr<float>();
+  m.wide_data = at::zeros({groups * B * words * 4 + 64}, at::kByte);
+  m.wide_scales = at::zeros({(q4 ? 2 : 1) * groups * B * WIDE_OUTPUTS}, at::kFloat);
+  uint8_t* base = (uint8_t*)(((uintptr_t)m.wide_data.data_ptr<uint8_t>() + 63) & ~(uintptr_t)63);
+  float* scales = m.wide_scales.data_ptr<float>();
   for (int64_t g = 0; g < groups; g++)
     for (int64_t b = 0; b < B; b++) {
       uint32_t* out = (uint32_t*)(base + (g * B + b) * words * 4);
-      for (int64_t n = 0; n < AMX_OUTPUTS; n++) {
-        const int64_t t = g * (AMX_OUTPUTS / TILE) + n / TILE, at = (t * B + b) * TILE + n % TILE;
+      for (int64_t n = 0; n < WIDE_OUTPUTS; n++) {
+        const int64_t t = g * (WIDE_OUTPUTS / TILE) + n / TILE, at = (t * B + b) * TILE + n % TILE;
         if (t >= tiles) continue;
-        scales[(g * B + b) * AMX_OUTPUTS + n] = m.d[at];
-        if (q4) scales[(groups + g) * B * AMX_OUTPUTS + b * AMX_OUTPUTS + n] = m.m[at];
+        scales[(g * B + b) * WIDE_OUTPUTS + n] = m.d[at];
+        if (q4) scales[(groups + g) * B * WIDE_OUTPUTS + b * WIDE_OUTPUTS + n] = m.m[at];
         const uint8_t* raw = (const uint8_t*)m.raw + at * (q4 ? QK / 2 : QK);
-        for (int64_t k = 0; k < words / AMX_OUTPUTS; k++) std::memcpy(&out[k * AMX_OUTPUTS + n], raw + 4 * k, 4);
+        for (int64_t k = 0; k < words / WIDE_OUTPUTS; k++) std::memcpy(&out[k * WIDE_OUTPUTS + n], raw + 4 * k, 4);
       }
     }
-  m.amx_codes = base;
-  m.amx_d = scales;
-  m.amx_m = q4 ? scales + groups * B * AMX_OUTPUTS : nullptr;
+  m.wide_codes = base;
+  m.wide_d = scales;
+  m.wide_m = q4 ? scales + groups * B * WIDE_OUTPUTS : nullptr;
 }
 #endif
 
-// Whether the AMX kernel runs here (matrices made from now on carry its copy).
-static bool amx_available() { return amx_wanted(); }
-
-// The fewest rows a pass needs for the AMX kernel (set_amx_min_rows; 0: never).
-static int64_t amx_min_rows() {
-  const int64_t rows = amx_min_rows_.load();
-  return rows < 0 ? AMX_MIN_ROWS : rows > 0 ? rows : INT64_MAX;
+// Whether quantised matrices made from now on carry the wide layout, and whether passes of
+// many rows may take AMX tiles on it.
+static bool wide_available() {
+  static const bool wanted = wide_wanted();
+  return wanted;
+}
+static bool amx_available() {
+  static const bool wanted = amx_wanted();
+  return wanted;
 }
 
-// Sets amx_min_rows (0: never; -1: the default); returns whether the kernel runs here at all.
+// The fewest rows a pass needs for the tiles (INT64_MAX: never), and the most the wide
+// layout's VNNI kernel takes (0: none), from set_amx_min_rows.
+static int64_t amx_min_rows() {
+  const int64_t rows = amx_min_rows_.load();
+  if (!amx_available() || rows == 0) return INT64_MAX;
+  return rows < 0 ? AMX_MIN_ROWS : rows;
+}
+static int64_t wide_max_rows() {
+  if (amx_min_rows_.load() == 0) return 0;
+  return amx_available() ? WIDE_ROWS_MAX : INT64_MAX;
+}
+
+// Sets the rows from which passes take AMX tiles (0: neither tiles nor the wide layout's
+// VNNI kernel, the vector kernels on every pass; -1: the default); returns whether the
+// tiles run here at all.
 static bool set_amx_min_rows(int64_t rows) {
   amx_min_rows_.store(std::max<int64_t>(-1, rows));
   return amx_available();
@@ -1163,8 +1206,9 @@ static bool set_amx_min_rows(int64_t rows) {
 // y[M, ldy] (first w.rows columns) = x[M, K] W^T (+ bias). Threads split the output tiles.
 static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t ldy, QuantRows& scratch) {
   if (w.quantized()) quantize_rows(x, M, w.cols, scratch);
+#ifdef VS_WIDE
+  if (w.wide_codes != nullptr) {
 #ifdef VS_AMX
-  if (w.amx_codes != nullptr && amx_min_rows() != INT64_MAX) {
     if (M >= amx_min_rows()) {
       if (w.format == Q4)
         matmul_amx<true>(w, scratch, M, y, ldy);
@@ -1172,11 +1216,12 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
         matmul_amx<false>(w, scratch, M, y, ldy);
       return add_bias(w, M, y, ldy);
     }
-    if (M <= AMX_ROWS_MAX) {
+#endif
+    if (M <= wide_max_rows()) {
       if (w.format == Q4)
-        matmul_amx_rows<true>(w, scratch, M, y, ldy);
+        matmul_wide_rows<true>(w, scratch, M, y, ldy);
       else
-        matmul_amx_rows<false>(w, scratch, M, y, ldy);
+        matmul_wide_rows<false>(w, scratch, M, y, ldy);
       return add_bias(w, M, y, ldy);
     }
   }
@@ -1294,8 +1339,8 @@ class Decoder {
     TORCH_CHECK(embed.cols == hidden_ && head.cols == hidden_, "embedding and head must have hidden columns");
     embed_ = embed, norm_ = norm.contiguous(), head_ = head;
     if (embed_.raw != head_.raw) {  // an embedding apart from the head is only read by rows
-      embed_.amx_data = embed_.amx_scales = at::Tensor();
-      embed_.amx_codes = nullptr, embed_.amx_d = embed_.amx_m = nullptr;
+      embed_.wide_data = embed_.wide_scales = at::Tensor();
+      embed_.wide_codes = nullptr, embed_.wide_d = embed_.wide_m = nullptr;
     }
   }
 
@@ -1881,6 +1926,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_threads", &vs::set_threads, "threads of every pass (0: torch's count)", py::arg("threads"));
   m.def("pass_threads", &vs::pass_threads, "threads a pass runs on");
   m.def("amx_available", &vs::amx_available, "whether the AMX kernel can run here");
+  m.def("wide_available", &vs::wide_available, "whether quantised matrices carry the wide layout");
   m.def("set_amx_min_rows", &vs::set_amx_min_rows, "passes of >= rows take the AMX kernel (0: never, -1: default)",
         py::arg("rows"));
   py::class_<vs::Decoder>(m, "Decoder")
