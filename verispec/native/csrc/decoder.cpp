@@ -954,7 +954,7 @@ static void amx_chunk(const Matrix& w, int64_t g, const uint8_t* tiles, const in
   } while (0)
 #define VS_AMX_SCALE(b, s)                                                                              \
   do {                                                                                                  \
-    const __m512 d = _mm512_loadu_ps(dw + (b) * WIDE_OUTPUTS);                                           \
+    const __m512 d = _mm512_loadu_ps(dw + (b) * WIDE_OUTPUTS);                                          \
     for (int r = 0; r < R; r++) {                                                                       \
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + (b)]));                           \
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[s][r])), scale, acc[r]);       \
@@ -1927,7 +1927,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pass_threads", &vs::pass_threads, "threads a pass runs on");
   m.def("amx_available", &vs::amx_available, "whether the AMX kernel can run here");
   m.def("wide_available", &vs::wide_available, "whether quantised matrices carry the wide layout");
-  m.def("set_amx_min_rows", &vs::set_amx_min_rows, "passes of >= rows take the AMX kernel (0: never, -1: default)",
+  m.def("set_amx_min_rows", &vs::set_amx_min_rows,
+        "passes of >= rows take AMX tiles (-1: default; 0: neither tiles nor the wide layout's VNNI kernel)",
         py::arg("rows"));
   py::class_<vs::Decoder>(m, "Decoder")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, int64_t>(),
