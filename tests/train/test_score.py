@@ -198,11 +198,19 @@ def test_the_sampled_arm_is_the_rules_acceptance_along_the_answer(kind, tiny_eng
 
     drafter.propose = recording
     sequences = []
-    for seed, prompt in enumerate(PROMPTS):
-        ids = tiny_engine.tokenizer(prompt)["input_ids"]
+    # Position 2 is checked only where the sampled first draft was the answer's token: a weak
+    # tiny drafter (its training's floats differ by CPU) gets few, so the prompts are run again
+    # with new seeds until at least 3 such rounds are in (at most 12 passes).
+    second = 0
+    for seed in range(12 * len(PROMPTS)):
+        ids = tiny_engine.tokenizer(PROMPTS[seed % len(PROMPTS)])["input_ids"]
         rounds.append([])
         result = tiny_engine.generate(ids, drafter=drafter, k=2, temperature=0.7, seed=seed, max_tokens=30)
         sequences.append((list(ids), list(result.token_ids)))
+        answer = list(ids) + list(result.token_ids)
+        second += sum(len(d) == 2 and n + 2 < len(answer) and d[0] == answer[n + 1] for n, d, _ in rounds[-1])
+        if seed + 1 >= len(PROMPTS) and second >= 3:
+            break
     corpus = data.Corpus.from_sequences(sequences)
     model = tiny_engine.target.model
     corpus.hidden = data.hidden_states(model, corpus, drafter.net.config.layers_read, dtype=torch.float32)
