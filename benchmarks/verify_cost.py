@@ -13,9 +13,9 @@ A configuration ``native`` times verispec's native decoder with the file's own f
 (its compile time is spent in the load's self-test, before any timing); ``native-vector`` times
 the native decoder with its wide-layout kernels off (the vector kernels on every pass; where the
 CPU has no AVX-512 VNNI it is ``native``) and ``native-amxN`` with AMX tile products from N rows
-up, the wide layout's VNNI kernel below (the threshold's A/B, where the CPU has tiles); ``llama.cpp`` times the
-llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on another GGUF file
-(another quantisation type, say):
+up, the wide layout's VNNI kernel below (the threshold's A/B, where the CPU has tiles);
+``llama.cpp`` times the llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on
+another GGUF file (another quantisation type, say):
 
     .venv/bin/python benchmarks/verify_cost.py --configs native native:int8 native:bf16 llama.cpp
     .venv/bin/python benchmarks/verify_cost.py --configs llama.cpp llama.cpp:/tmp/q4_0.gguf
@@ -33,8 +33,9 @@ from verispec.targets.torch_target import TorchTarget, parse_dtype
 
 
 def use_amx(config: str) -> None:
-    """The wide-layout kernels at their default for every configuration but ``native-vector`` (off) and
-    ``native-amxN`` (tiles from N rows up): one switch per process, set before each one's passes."""
+    """The wide-layout kernels at their default for every configuration but ``native-vector``
+    (off) and ``native-amxN`` (tiles from N rows up): one switch per process, set before each
+    one's passes."""
     from verispec.native import kernels
 
     module = kernels.load()

@@ -29,7 +29,7 @@ def test_the_native_kernels_run_amx_exactly_where_the_cpu_lists_it():
     from verispec.native import kernels
 
     if "0" in (os.environ.get("VERISPEC_AMX"), os.environ.get("VERISPEC_WIDE")):
-        pytest.skip("VERISPEC_AMX=0 or VERISPEC_WIDE=0 turns the AMX kernel off")
+        pytest.skip("VERISPEC_AMX=0 or VERISPEC_WIDE=0 keeps the tiles or the wide layout out")
     module = kernels.load()
     assert module is not None, kernels.build_error()
     assert module.amx_available() == cpu.cpu_has_amx_int8()

@@ -155,7 +155,7 @@ def test_the_wide_kernels_give_each_row_what_the_vector_kernels_give(ext, name, 
         ext.set_amx_min_rows(0)
         vector = ext.apply(m, x)
         ext.set_amx_min_rows(tiles_from)
-        amx = ext.apply(m, x)
+        wide = ext.apply(m, x)
     finally:
         ext.set_amx_min_rows(-1)
-    assert torch.equal(amx, vector)
+    assert torch.equal(wide, vector)
