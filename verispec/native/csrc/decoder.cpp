@@ -369,6 +369,16 @@ static bool wide_wanted() {
 // Whether passes of many rows take AMX tiles on the wide layout (VERISPEC_AMX=0: never).
 static bool amx_wanted() { return wide_wanted() && !setting_off("VERISPEC_AMX") && amx_permitted(); }
 
+// The two answers above, read once per process: every matrix and every pass sees the same.
+static bool wide_available() {
+  static const bool wanted = wide_wanted();
+  return wanted;
+}
+static bool amx_available() {
+  static const bool wanted = amx_wanted();
+  return wanted;
+}
+
 // ---------------------------------------------------------------------------------------
 // Weights.
 
@@ -415,7 +425,7 @@ static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor
   if (minimum.defined()) m.m = minimum.data_ptr<float>();
   if (bias.defined()) m.b = bias.data_ptr<float>();
 #ifdef VS_WIDE
-  if (quantized && wide_wanted()) prepack_wide(m);
+  if (quantized && wide_available()) prepack_wide(m);
 #endif
   return m;
 }
@@ -1171,17 +1181,6 @@ static void prepack_wide(Matrix& m) {
   m.wide_m = q4 ? scales + groups * B * WIDE_OUTPUTS : nullptr;
 }
 #endif
-
-// Whether quantised matrices made from now on carry the wide layout, and whether passes of
-// many rows may take AMX tiles on it.
-static bool wide_available() {
-  static const bool wanted = wide_wanted();
-  return wanted;
-}
-static bool amx_available() {
-  static const bool wanted = amx_wanted();
-  return wanted;
-}
 
 // The fewest rows a pass needs for the tiles (INT64_MAX: never), and the most the wide
 // layout's VNNI kernel takes (0: none), from set_amx_min_rows.
