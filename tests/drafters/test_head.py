@@ -85,3 +85,48 @@ class MedianDraws:
 def test_the_check_detects_tokens_not_drawn_from_q(tiny_engine, drafter):
     with pytest.raises(AssertionError):
         trained.check_q_is_the_sampling_law(tiny_engine, MedianDraws(drafter), PROMPT, SamplingParams(temperature=1.0))
+
+
+def drafts_of(engine, drafter, prompts, k):
+    """Every proposal the drafter made (token lists) over greedy requests at a fixed k."""
+    proposals = []
+    propose = drafter.propose
+
+    def recording(context, k, rng):
+        draft = propose(context, k, rng)
+        proposals.append(list(draft.tokens))
+        return draft
+
+    drafter.propose = recording
+    try:
+        for prompt in prompts:
+            engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=40)
+    finally:
+        del drafter.propose
+    return proposals
+
+
+@pytest.mark.parametrize("kind", ["head", "fused-head"])
+def test_the_head_on_the_kernels_drafts_what_it_drafts_in_torch(native_engine, tiny_drafters, kind):
+    # With f32 matrices the kernels' head is torch's to float rounding, so through real
+    # requests (catch-ups after each verify, drafted rows, rejected drafts forgotten) every
+    # proposal is the same: the kernels keep the same positions as torch's cache does.
+    weights = str(tiny_drafters[kind])
+    on_kernels = native_engine.drafter("head", drafter_weights=weights, head_kernels="f32", fresh=True)
+    in_torch = native_engine.drafter("head", drafter_weights=weights, head_kernels="off", fresh=True)
+    assert on_kernels.kernels is not None and in_torch.kernels is None
+    prompts = [PROMPT, "one two three four five six seven eight nine ten eleven", "a b a b a b a"]
+    for drafter in (on_kernels, in_torch):  # the engine's first use of a drafter name calibrates its cost
+        native_engine.generate(PROMPT, drafter=drafter, k=3, temperature=0, max_tokens=4)
+    got = drafts_of(native_engine, on_kernels, prompts, k=3)
+    assert got == drafts_of(native_engine, in_torch, prompts, k=3)
+    assert sum(len(tokens) for tokens in got) > 30
+
+
+def test_head_kernels_refuses_what_it_cannot_run(tiny_engine, native_engine, tiny_drafters):
+    weights = str(tiny_drafters["head"])
+    with pytest.raises(DrafterError, match="head_kernels is one of auto, off, q8_0, bf16, f32, got 'fast'"):
+        native_engine.drafter("head", drafter_weights=weights, head_kernels="fast", fresh=True)
+    with pytest.raises(DrafterError, match="cannot run the head's layers in that format"):
+        tiny_engine.drafter("head", drafter_weights=weights, head_kernels="q8_0", fresh=True)
+    assert tiny_engine.drafter("head", drafter_weights=weights, fresh=True).kernels is None  # auto: torch there

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from verispec.accept import sample_index
 from verispec.drafters.base import DrafterError, check_confidence
 from verispec.drafters.layers import Attention, SharedTarget, rotary, window_mask
 from verispec.sampling import SamplingParams, final_distribution
@@ -70,7 +71,7 @@ def test_a_drafted_row_is_the_pipeline_over_the_draft_vocabulary_and_zero_elsewh
     assert shared.label_index[5] == 1 and shared.label_index[3] == -100
     hidden = torch.randn(4)
     prompt, history = [5, 3], [7]  # penalties read ids in and out of the draft vocabulary
-    row, confidence = shared.distribution(hidden, params, prompt, history)
+    row, confidence = shared.distribution(shared.draft_logits(hidden), params, prompt, history)
     expected = final_distribution(full_row(shared, hidden), params, prompt, history)
     assert row.shape == (10,)
     np.testing.assert_allclose(row, expected, rtol=1e-12, atol=1e-15)
@@ -78,6 +79,25 @@ def test_a_drafted_row_is_the_pipeline_over_the_draft_vocabulary_and_zero_elsewh
     # The confidence is the plain softmax's largest probability, whatever the sampling settings.
     plain = final_distribution(full_row(shared, hidden), SamplingParams(temperature=1.0))
     assert confidence == pytest.approx(plain.max(), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)],
+)
+@pytest.mark.parametrize("vocab", [[1, 2, 5, 7, 8, 9], [8, 2, 9, 5, 1, 7]])  # ascending, and not
+def test_a_draw_is_the_inverse_cdf_of_the_whole_row(params, vocab):
+    # The draw over the draft vocabulary's entries alone (ascending ids) gives the token the
+    # V-row's own running sums give, for every uniform; so does the V-row path (other orders).
+    torch.manual_seed(1)
+    shared = SharedTarget(torch.randn(10, 4), torch.randn(10, 4), torch.tensor(vocab))
+    assert shared.ascending == (vocab == sorted(vocab))
+    logits = shared.draft_logits(torch.randn(4))
+    row, _ = shared.distribution(logits, params, [], [])
+    for u in np.linspace(0.0, 0.999999, 401):
+        token, drawn_row = shared.draw(logits, params, [], [], float(u), 0.0)
+        assert token == sample_index(row, float(u))
+        np.testing.assert_array_equal(drawn_row, row)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "high", None, float("nan")])

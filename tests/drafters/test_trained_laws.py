@@ -69,20 +69,19 @@ def test_a_confidence_floor_cuts_the_draft_where_the_drafter_is_unsure(
     params = SamplingParams(temperature=temperature)
     seen = []
     shared = drafter.shared
-    original = shared.distribution
+    original = shared.draw
 
-    def recording(*args):
-        row, confidence = original(*args)
-        seen.append(confidence)
-        return row, confidence
+    def recording(logits, *args):
+        seen.append(shared.distribution(logits, params, [], [])[1])  # the confidence the floor reads
+        return original(logits, *args)
 
     k = most_drafts(drafter, 6)
     context = trained.prepared(tiny_engine, drafter, PROMPT, params)
-    shared.distribution = recording
+    shared.draw = recording
     try:
         full = drafter.propose(context, k, np.random.default_rng(3))
     finally:
-        del shared.distribution
+        del shared.draw
         trained.release(tiny_engine, drafter)
     assert len(full.tokens) == k and len(seen) == k
     floor = sorted(seen)[len(seen) // 2]  # the median: some positions pass, some do not

@@ -14,7 +14,8 @@ drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained 
 weights directory, as ``--drafter-weights``: two trainings compared in one run), ``cache``
 (the suffix drafter's cross-request cache in tokens; 0: off), ``branches`` (the suffix
 drafter's candidates per node: 1 drafts chains, more drafts trees), ``k_max`` (the most
-drafts ``k=auto`` may choose a round; the engine's default otherwise).
+drafts ``k=auto`` may choose a round; the engine's default otherwise), ``kernels`` (where the
+head's layers run: auto, off = torch, or a kernel format q8_0, bf16, f32).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -33,7 +34,9 @@ from verispec.errors import UserError
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
-VERISPEC_OPTIONS = {"k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches"}
+VERISPEC_OPTIONS = {
+    *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels")
+}
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
 
@@ -86,6 +89,8 @@ class BenchConfig:
             options["suffix_cache_tokens"] = self.int_option("cache", 0)
         if "branches" in self.options:
             options["suffix_branches"] = self.int_option("branches", 1)
+        if "kernels" in self.options:
+            options["head_kernels"] = self.options["kernels"]
         return options
 
     def k_option(self, default: int | str) -> int | str:

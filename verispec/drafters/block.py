@@ -135,7 +135,7 @@ class BlockDrafter(trained.TrainedDrafter[BlockNet]):
             self.context,
             self.context_positions,
         )[0, :k]  # (k, D)
-        yield from self.net.logits_input(outputs)
+        yield from self.shared.draft_logits(self.net.logits_input(outputs))  # one product for the k rows
 
     def _add(self, features: torch.Tensor, first_position: int) -> None:
         if features.shape[0] == 0:

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from verispec.drafters import trained
-from verispec.drafters.base import DrafterContext
-from verispec.drafters.layers import RMSNorm, window_mask
+from verispec.drafters.base import DEFAULT_MIN_CONFIDENCE, DrafterContext, DrafterError
+from verispec.drafters.layers import RMSNorm, SharedTarget, window_mask
 
 KIND = "head"
+# Where the head's layers run (drafter option ``head_kernels``): auto = the target's native
+# kernels where it has them (8-bit matrices), else torch; off = torch; or a kernel format.
+KERNELS_AUTO, KERNELS_OFF = "auto", "off"
+KERNEL_CHOICES = (KERNELS_AUTO, KERNELS_OFF, "q8_0", "bf16", "f32")
 
 
 @dataclass(frozen=True)
@@ -105,57 +110,139 @@ class HeadNet(trained.TrainedNet[HeadConfig]):
 
 
 class HeadDrafter(trained.TrainedDrafter[HeadNet]):
-    """The Drafter: keeps the target's features and its own keys for committed positions."""
+    """The Drafter: keeps the target's features and its own keys for committed positions.
+
+    Where the target runs on the native kernels, the head's layers run there too
+    (``target.head_stack``: one call a drafted position, its keys in a ring inside the
+    kernels); elsewhere in torch, its keys in ``cache``. Both keep the same positions: those
+    the head computed from the target's features and drafted since, less the drafts a round
+    did not keep.
+    """
 
     name = KIND
     net_class = HeadNet
 
+    def __init__(
+        self,
+        net: HeadNet,
+        shared: SharedTarget,
+        target: Any,
+        min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+        kernels: str = KERNELS_AUTO,
+    ) -> None:
+        check_kernels(kernels)
+        build = getattr(target, "head_stack", None)
+        self.kernels = None
+        if kernels != KERNELS_OFF and build is not None:
+            self.kernels = build(net, None if kernels == KERNELS_AUTO else kernels)
+        if self.kernels is None and kernels not in (KERNELS_AUTO, KERNELS_OFF):
+            raise DrafterError(
+                f"head_kernels={kernels}: the target {target.name!r} cannot run the head's layers in that "
+                "format (its native kernels are off, or the head's widths do not fit it)"
+            )
+        super().__init__(net, shared, target, min_confidence)
+
+    @classmethod
+    def context_options(cls, context: DrafterContext) -> dict[str, Any]:
+        kernels = context.option("head_kernels", KERNELS_AUTO)
+        check_kernels(kernels)  # before the weights load: a typo fails fast
+        return {"kernels": kernels}
+
     def reset(self) -> None:
         super().reset()
         width = len(self.net.config.layers_read) * self.net.config.hidden
-        self.features = torch.zeros(0, width)  # target states, positions [feature_start, known)
+        # Target states of positions [feature_start, feature_start + feature_count): the first
+        # rows of a buffer that holds a few windows, so taking in a round's states is one copy
+        # (every round pays it, drafting or not), and the buffer slides when it fills.
+        self.feature_buffer = torch.zeros(4 * (self.net.config.window + 1), width)
         self.feature_start = 0
+        self.feature_count = 0
         # Per layer (keys, values) of the head at cache_positions, those up to committed_cache from
         # target features; drafted positions are appended during propose and cut in observe.
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cache_positions = torch.zeros(0, dtype=torch.long)
         self.committed_cache = 0
+        # On the kernels: the last position in the ring, and the last one kept when drafts go.
+        self.kernel_last: int | None = None
+        self.kernel_committed: int | None = None
+        if self.kernels is not None:
+            self.kernels.clear()
+
+    def _unshare(self) -> None:
+        if self.kernels is not None:  # a fork drafts with its own ring
+            self.kernels = self.kernels.fresh()
 
     def _positions(self, context: Sequence[int], n: int, k: int, tokens: list[int]) -> Iterator[torch.Tensor]:
-        self._cut(self.committed_cache)  # a propose without observe in between drafts afresh
-        outputs = self._catch_up(context, n)
+        self._drop_drafts()  # a propose without observe in between drafts afresh
+        outputs, logits = self._catch_up(context, n)
         for i in range(k):
-            yield self.net.logits_input(outputs)[0]
+            yield logits
             if i + 1 < k:  # the head's own output stands in for the target's feature
-                outputs = self._run(outputs, self.shared.embed(torch.tensor([tokens[-1]])), torch.tensor([n + 1 + i]))
+                outputs, logits = self._step(outputs, tokens[-1], n + 1 + i)
 
     def _drop_drafts(self) -> None:
-        self._cut(self.committed_cache)  # drafted positions leave; accepted ones are redone from h
+        # Drafted positions leave; accepted ones are redone from h.
+        if self.kernels is None:
+            self._cut(self.committed_cache)
+            return
+        if self.kernel_committed is None:
+            self.kernels.clear()
+        else:
+            self.kernels.truncate(self.kernel_committed + 1)
+        self.kernel_last = self.kernel_committed
 
     # --- internals -------------------------------------------------------------------
 
     def _add(self, rows: torch.Tensor, first_position: int) -> None:
         """Append the target features of positions first_position .. first_position + len - 1."""
-        if self.features.shape[0] == 0:
+        kept = self.net.config.window + 1  # only the last window's features are ever read again
+        if rows.shape[0] >= kept or self.feature_count == 0:
+            self.feature_count = 0
+            rows, first_position = rows[-kept:], first_position + max(0, rows.shape[0] - kept)
             self.feature_start = first_position
-        self.features = torch.cat([self.features, rows])
-        extra = self.features.shape[0] - (self.net.config.window + 1)
-        if extra > 0:  # only the last window's features are ever read again
-            self.features = self.features[extra:]
-            self.feature_start += extra
+        elif self.feature_count + rows.shape[0] > self.feature_buffer.shape[0]:
+            keep = kept - rows.shape[0]  # slide: the rows still read stay, at the front
+            end = self.feature_count
+            self.feature_buffer[:keep] = self.feature_buffer[end - keep : end].clone()
+            self.feature_start += end - keep
+            self.feature_count = keep
+        self.feature_buffer[self.feature_count : self.feature_count + rows.shape[0]] = rows
+        self.feature_count += rows.shape[0]
 
-    def _catch_up(self, context: Sequence[int], n: int) -> torch.Tensor:
+    def _catch_up(self, context: Sequence[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the head on committed positions not yet in its cache (from target features),
-        up to position n; returns the output at n (1, D)."""
-        start = max(int(self.cache_positions[-1]) + 1 if len(self.cache_positions) else 1, self.feature_start + 1)
-        start = max(start, n - self.net.config.window + 1)
-        positions = torch.arange(start, n + 1)
-        features = self.net.target_features(self.features[positions - 1 - self.feature_start])
-        embeds = self.shared.embed(torch.tensor([context[t] for t in positions.tolist()]))
-        outputs = self._run(features, embeds, positions)
+        up to position n; returns the output at n (1, D) and its draft logits (N,)."""
+        if self.kernels is not None:
+            last = self.kernel_last
+        else:
+            last = int(self.cache_positions[-1]) if len(self.cache_positions) else None
+        start = max(last + 1 if last is not None else 1, self.feature_start + 1, n - self.net.config.window + 1)
+        states = self.feature_buffer[start - 1 - self.feature_start : n - self.feature_start]  # positions start-1..n-1
+        ids = list(context[start : n + 1])
         # Position n's entry is redone next round too (its output is what drafting starts from).
+        if self.kernels is not None:
+            outputs, logits = self.kernels.run(states, ids, start)
+            self.kernel_committed = n - 1 if start < n else last
+            self.kernel_last = n
+            return outputs[-1:], logits
+        embeds = self.shared.embed(torch.tensor(ids))
+        outputs = self._run(self.net.target_features(states), embeds, torch.arange(start, n + 1))
         self.committed_cache = len(self.cache_positions) - 1
-        return outputs[-1:]
+        return outputs[-1:], self._logits(outputs[-1])
+
+    def _step(self, outputs: torch.Tensor, token: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's output (1, D) and draft logits (N,) at a drafted position, fed its
+        previous output and token."""
+        if self.kernels is not None:
+            self.kernel_last = position
+            outputs, logits = self.kernels.run(outputs, [token], position)
+            return outputs, logits
+        outputs = self._run(outputs, self.shared.embed(torch.tensor([token])), torch.tensor([position]))
+        return outputs, self._logits(outputs[-1])
+
+    def _logits(self, output: torch.Tensor) -> torch.Tensor:
+        """(D,) -> (N,): the draft logits of one output of the net in torch."""
+        return self.shared.draft_logits(self.net.logits_input(output)[None])[0]
 
     def _run(self, features: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         past = None
@@ -183,6 +270,12 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
     def _cut(self, length: int) -> None:
         self.cache = [(keys[:length], values[:length]) for keys, values in self.cache]
         self.cache_positions = self.cache_positions[:length]
+
+
+def check_kernels(kernels: object) -> None:
+    """A ``head_kernels`` option: one of KERNEL_CHOICES."""
+    if kernels not in KERNEL_CHOICES:
+        raise DrafterError(f"head_kernels is one of {', '.join(KERNEL_CHOICES)}, got {kernels!r}")
 
 
 build = HeadDrafter.load  # a head drafter for a target from a weights directory

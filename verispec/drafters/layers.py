@@ -158,6 +158,8 @@ class SharedTarget:
         # Drafters run on the CPU beside the engine's sampling; a CPU target's tensors are not copied.
         self.embeddings = embeddings.detach().cpu()
         self.vocab_ids = vocab_ids.to(torch.long).cpu()
+        self.vocab_np = self.vocab_ids.numpy()
+        self.ascending = bool((self.vocab_np[1:] > self.vocab_np[:-1]).all())
         self.vocab_size = int(lm_head.shape[0])
         self.head = lm_head.detach().cpu()[self.vocab_ids].to(torch.float32)
         self.draft_head = draft_head
@@ -177,8 +179,9 @@ class SharedTarget:
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., N): the logits drafting reads (``distribution``), the target's
-        ``draft_head`` or else bfloat16; a greedy draft is their argmax, ties to the lowest id,
-        also where they are scored offline."""
+        ``draft_head`` (a bfloat16 copy of the head rows where it has none: 3.5x faster than
+        float32 here); a greedy draft is their argmax, ties to the lowest id, also where they
+        are scored offline."""
         if self.draft_head is not None:
             rows = self.draft_head(hidden.reshape(-1, hidden.shape[-1]).to(torch.float32))
             return rows.reshape(*hidden.shape[:-1], rows.shape[-1])
@@ -186,45 +189,60 @@ class SharedTarget:
         return torch.matmul(hidden.to(torch.bfloat16), self.head_bf16.T)
 
     def distribution(
-        self, hidden: torch.Tensor, params: SamplingParams, prompt: Sequence[int], history: Sequence[int]
+        self, logits: torch.Tensor, params: SamplingParams, prompt: Sequence[int], history: Sequence[int]
     ) -> tuple[NDArray[np.float64], float]:
-        """(D,) -> (V,), confidence: the final sampling distribution of one drafted position
-        over the whole vocabulary (zero outside the draft vocabulary), ``history`` the output
-        before it; and the drafter's confidence there, the largest probability of its plain
-        softmax (T = 1, no filters) over the draft vocabulary. The confidence depends on the
-        drafter's state alone, never on a sampled token or the target, so a drafter may stop
-        drafting on it and the rule stays exact.
+        """(N,) draft logits (``draft_logits``) -> (V,), confidence: the final sampling
+        distribution of one drafted position over the whole vocabulary (zero outside the
+        draft vocabulary), ``history`` the output before it; and the drafter's confidence
+        there, the largest probability of its plain softmax (T = 1, no filters) over the draft
+        vocabulary. The confidence depends on the drafter's state alone, never on a sampled
+        token or the target, so a drafter may stop drafting on it and the rule stays exact.
 
-        Drafting's hot path, so it stays on the draft vocabulary: logits from the target's
-        own kernels (``draft_head``) or a bfloat16 copy of the head rows (3.5x faster than
-        float32 here), the pipeline over N entries instead of V (at T = 1, 1.4 ms -> 0.1 ms
-        a row), then scattered into a V-row. Penalties read token ids, so with penalties the
-        pipeline runs on the full row (-inf outside). Either way the row returned is the one
-        the drafter samples from, which is all the acceptance rule asks of q.
+        Drafting's hot path, so it stays on the draft vocabulary: the pipeline over N entries
+        instead of V (at T = 1, 1.4 ms -> 0.1 ms a row), then scattered into a V-row.
+        Penalties read token ids, so with penalties the pipeline runs on the full row (-inf
+        outside). Either way the row returned is the one the drafter samples from, which is
+        all the acceptance rule asks of q.
         """
-        logits = self.draft_logits(hidden).double().numpy()
-        confidence = float(1.0 / np.exp(logits - logits.max()).sum())
+        row_logits = logits.double().numpy()
+        confidence = _confidence(row_logits)
         if params.penalised:
             full = np.full(self.vocab_size, -np.inf)
-            full[self.vocab_ids.numpy()] = logits
+            full[self.vocab_np] = row_logits
             return final_distribution(full, params, prompt, history), confidence
         row = np.zeros(self.vocab_size)
-        row[self.vocab_ids.numpy()] = final_distribution(logits, params)
+        row[self.vocab_np] = final_distribution(row_logits, params)
         return row, confidence
 
     def draw(
         self,
-        hidden: torch.Tensor,
+        logits: torch.Tensor,
         params: SamplingParams,
         prompt: Sequence[int],
         history: Sequence[int],
         uniform: float,
         min_confidence: float,
     ) -> tuple[int, NDArray[np.float64]] | None:
-        """One drafted position: the token drawn by ``uniform`` from ``distribution``'s row,
-        and that row (q); None where the confidence is below ``min_confidence`` (the drafter
-        stops there: this draft and the ones after it would rarely be kept)."""
-        row, confidence = self.distribution(hidden, params, prompt, history)
-        if confidence < min_confidence:
+        """One drafted position from its draft logits (N,): the token drawn by ``uniform``
+        from ``distribution``'s row, and that row (q); None where the confidence is below
+        ``min_confidence`` (the drafter stops there: this draft and the ones after it would
+        rarely be kept).
+
+        Where no penalty reads ids and the draft vocabulary is in ascending id order, the
+        draw runs on the draft vocabulary's entries: their running sums are the V-row's (its
+        other entries are exact zeros), so the token is the one the V-row would give."""
+        row_logits = logits.double().numpy()
+        if min_confidence > 0 and _confidence(row_logits) < min_confidence:
             return None
-        return sample_index(row, uniform), row
+        if params.penalised or not self.ascending:
+            row, _ = self.distribution(logits, params, prompt, history)
+            return sample_index(row, uniform), row
+        compact = final_distribution(row_logits, params)
+        row = np.zeros(self.vocab_size)
+        row[self.vocab_np] = compact
+        return int(self.vocab_np[sample_index(compact, uniform)]), row
+
+
+def _confidence(logits: NDArray[np.float64]) -> float:
+    """The largest probability of the plain softmax of ``logits``."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())

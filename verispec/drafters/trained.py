@@ -7,10 +7,11 @@ target keeps from its own passes (``hidden_capture``); ``known`` counts the comm
 positions whose states the drafter has read: after prefill and after each verify, every
 position but the pending last token. A draft position is one token to propose; the drafter
 computes its hidden vector (D,), which the target's LM head, restricted to the draft
-vocabulary, turns into the row q the token is drawn from (``SharedTarget.draw``).
+vocabulary, turns into draft logits (N,) and those into the row q the token is drawn from
+(``SharedTarget.draw``).
 
 What differs stays in the drafters' modules: what a net reads and how it runs
-(``_positions``: the hidden vectors of the draft positions, in order), and what state it
+(``_positions``: the draft logits of the draft positions, in order), and what state it
 keeps of the committed positions (``_add``, ``reset``, ``_drop_drafts``).
 """
 
@@ -112,7 +113,7 @@ Trained = TypeVar("Trained", bound="TrainedDrafter[Any]")
 
 class TrainedDrafter(Generic[Net]):
     """The Drafter part both trained drafters share. A subclass sets ``name`` and the class of
-    its net (``net_class``), supplies ``_positions`` (the draft positions' hidden vectors) and
+    its net (``net_class``), supplies ``_positions`` (the draft positions' draft logits) and
     ``_add`` (taking in the target's states of committed positions), and extends ``reset``
     with its own state."""
 
@@ -122,9 +123,14 @@ class TrainedDrafter(Generic[Net]):
 
     @classmethod
     def load(
-        cls: type[Trained], target: Any, directory: Path, min_confidence: float = DEFAULT_MIN_CONFIDENCE
+        cls: type[Trained],
+        target: Any,
+        directory: Path,
+        min_confidence: float = DEFAULT_MIN_CONFIDENCE,
+        **options: Any,
     ) -> Trained:
-        """A drafter for ``target`` from a weights directory (checked against the target)."""
+        """A drafter for ``target`` from a weights directory (checked against the target);
+        ``options``: the subclass's own (the head's ``kernels``)."""
         net_class = cls.net_class
         net, shared = weights.load_net(
             directory,
@@ -133,14 +139,20 @@ class TrainedDrafter(Generic[Net]):
             lambda config, vocab_ids: net_class(net_class.config_class.from_dict(config), vocab_ids),
             lambda net: net.config.layers_read,
         )
-        return cls(net, shared, target, min_confidence)
+        return cls(net, shared, target, min_confidence, **options)
 
     @classmethod
     def from_context(cls: type[Trained], context: DrafterContext) -> Trained:
         """The drafter a registry context asks for: weights from its ``drafter_weights`` option
         (default: the ones shipped for the embedded model), its ``min_confidence`` floor."""
         directory = weights.weights_dir(context.option("drafter_weights"), cls.name)
-        return cls.load(context.target, directory, context.option("min_confidence", DEFAULT_MIN_CONFIDENCE))
+        min_confidence = context.option("min_confidence", DEFAULT_MIN_CONFIDENCE)
+        return cls.load(context.target, directory, min_confidence, **cls.context_options(context))
+
+    @classmethod
+    def context_options(cls, context: DrafterContext) -> dict[str, Any]:
+        """The subclass's own options from a registry context (default: none)."""
+        return {}
 
     def __init__(
         self, net: Net, shared: SharedTarget, target: Any, min_confidence: float = DEFAULT_MIN_CONFIDENCE
@@ -163,8 +175,12 @@ class TrainedDrafter(Generic[Net]):
         rebinds every piece of request state, so nothing else is shared."""
         twin = copy.copy(self)
         twin.target = target
+        twin._unshare()
         twin.reset()
         return twin
+
+    def _unshare(self) -> None:
+        """Give a fork its own copy of any state ``reset`` clears in place (default: none)."""
 
     @torch.inference_mode()
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -182,9 +198,9 @@ class TrainedDrafter(Generic[Net]):
         tokens: list[int] = []
         rows = []
         with torch.inference_mode():
-            for hidden in self._positions(context, n, k, tokens):
+            for logits in self._positions(context, n, k, tokens):
                 drawn = self.shared.draw(
-                    hidden, self.params, self.prompt, output_ids + tokens, float(rng.random()), self.min_confidence
+                    logits, self.params, self.prompt, output_ids + tokens, float(rng.random()), self.min_confidence
                 )
                 if drawn is None:
                     break  # unsure: stop drafting here
@@ -204,7 +220,7 @@ class TrainedDrafter(Generic[Net]):
     # --- what each drafter supplies ----------------------------------------------------
 
     def _positions(self, context: Sequence[int], n: int, k: int, tokens: list[int]) -> Iterator[torch.Tensor]:
-        """The hidden vectors (D,) of draft positions n + 1, n + 2, ... (at most k), each
+        """The draft logits (N,) of draft positions n + 1, n + 2, ... (at most k), each
         computed when the previous one's token has been drawn and appended to ``tokens``."""
         raise NotImplementedError
 

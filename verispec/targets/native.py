@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from verispec.native import checkpoint as checkpoints
+from verispec.native import head_stack as head_stacks
 from verispec.native import kernels
 from verispec.native.decoder import KernelDecoder, Segment, TorchDecoder, torch_alone_between_passes
 from verispec.targets.base import HiddenCapture, Logits, Pass, TargetError
@@ -125,6 +126,7 @@ class NativeTarget:
         self._sequences = [NativeSequence(self, i) for i in range(slots)]
         self._embeddings: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
+        self._draft_heads: dict[str, Any] = {}  # kernels matrices of draft vocabularies' LM head rows
         self._fingerprint: str | None = None
         self.tree_verify_exact = False  # set by the self-test
         self.batched_verify_exact = self.self_test()
@@ -487,9 +489,33 @@ class NativeTarget:
             return None
         module = kernels.load()
         assert module is not None  # the kernels path runs on them
-        rows = self.checkpoint.head.take_rows(vocab_ids.numpy().astype(np.int64))
-        matrix = self.decoder.matrix(rows)  # type: ignore[union-attr]
+        matrix = self._draft_head_matrix(vocab_ids)
         return lambda x: module.apply(matrix, x)
+
+    def head_stack(self, net: Any, weight_format: str | None = None) -> Any:
+        """A trained head's layers on the kernels (``native.head_stack.KernelHeadStack``), its
+        matrices made as the decoder makes its own, in ``weight_format`` (default: 8-bit); None
+        on the torch path or where the head's widths do not fit the format."""
+        if self.decoder.path != "kernels":
+            return None
+        chosen = head_stacks.kernel_format_for(net, weight_format)
+        if chosen is None:
+            return None
+        module = kernels.load()
+        assert module is not None  # the kernels path runs on them
+        make = self.decoder.matrix  # type: ignore[union-attr]
+        head = self._draft_head_matrix(net.vocab_ids)
+        embeddings = self.token_embeddings()
+        return head_stacks.KernelHeadStack(net, module, make, self.context_length, embeddings, head, chosen)
+
+    def _draft_head_matrix(self, vocab_ids: torch.Tensor) -> Any:
+        """The kernels matrix of the LM head's rows ``vocab_ids``, made once per draft vocabulary."""
+        ids = vocab_ids.numpy().astype(np.int64)
+        key = hashlib.sha256(ids.tobytes()).hexdigest()
+        if key not in self._draft_heads:
+            rows = self.checkpoint.head.take_rows(ids)
+            self._draft_heads[key] = self.decoder.matrix(rows)  # type: ignore[union-attr]
+        return self._draft_heads[key]
 
     def weights_fingerprint(self) -> str:
         """The torch backend's fingerprint of the same checkpoint (trained drafters record it):
@@ -558,6 +584,9 @@ class NativeSequence:
 
     def draft_head(self, vocab_ids: torch.Tensor) -> Any:
         return self.owner.draft_head(vocab_ids)
+
+    def head_stack(self, net: Any, weight_format: str | None = None) -> Any:
+        return self.owner.head_stack(net, weight_format)
 
     def weights_fingerprint(self) -> str:
         return self.owner.weights_fingerprint()

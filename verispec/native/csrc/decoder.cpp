@@ -1281,6 +1281,20 @@ static void rmsnorm(const float* x, const float* weight, int64_t M, int64_t H, f
   }
 }
 
+// RoPE in the rotate-half layout (as transformers' Llama) on ``heads`` vectors of D values
+// side by side, at the angles whose cos and sin (D / 2 each) are given.
+static void rotate_half(float* row, int64_t heads, int64_t D, const float* c, const float* s) {
+  const int64_t half = D / 2;
+  for (int64_t head = 0; head < heads; head++) {
+    float* v = row + head * D;
+    for (int64_t i = 0; i < half; i++) {
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c[i] - b * s[i];
+      v[i + half] = b * c[i] + a * s[i];
+    }
+  }
+}
+
 struct Layer {
   at::Tensor attn_norm, ffn_norm;
   Matrix qkv, o, gate_up, down;
@@ -1522,17 +1536,8 @@ class Decoder {
     const std::vector<int64_t> depth = row_depths(seg);
     for (int64_t r = 0; r < M; r++) {
       const int64_t pos = start + depth[r], at = start + r;  // its position (rope), its cache slot
-      const float* c = cos_.data_ptr<float>() + pos * half;
-      const float* s = sin_.data_ptr<float>() + pos * half;
       float* row = qkv + r * cols;
-      for (int64_t head = 0; head < heads_ + kv_heads_; head++) {
-        float* v = row + head * D;
-        for (int64_t i = 0; i < half; i++) {
-          float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * s[i];
-          v[i + half] = b * c[i] + a * s[i];
-        }
-      }
+      rotate_half(row, heads_ + kv_heads_, D, cos_.data_ptr<float>() + pos * half, sin_.data_ptr<float>() + pos * half);
       for (int64_t g = 0; g < kv_heads_; g++) {
         const float* k = row + (heads_ + g) * D;
         const float* v = row + (heads_ + kv_heads_ + g) * D;
@@ -1911,6 +1916,189 @@ class Decoder {
   std::vector<at::Tensor> keys_, values_;
 };
 
+// ---------------------------------------------------------------------------------------
+// A trained head's layers in the kernels (drafters/head.py, drafting's hot path). Its input
+// is x = fuse([norm_f(f) ; norm_e(e)]) per row: f a feature, either the target's states of
+// the layers the head reads (then first reduced to ``hidden`` columns) or the head's own
+// previous output, and e the drafted token's embedding; then Llama decoder layers whose
+// attention reads the head's own keys of the last ``window`` positions. The keys and values
+// live in a ring of ``capacity`` positions, each entry tagged with the position it holds: a
+// query at p reads the entries tagged p - window + 1 .. p, so a position never written, or
+// forgotten by ``truncate``, is no key, whatever the ring's slot held before.
+class HeadStack {
+ public:
+  HeadStack(int64_t hidden, int64_t intermediate, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps,
+            at::Tensor cos, at::Tensor sin, int64_t window, at::Tensor feature_norm, at::Tensor embed_norm, Matrix fuse)
+      : hidden_(hidden), inter_(intermediate), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
+        window_(window), eps_((float)eps), cos_(cos.contiguous()), sin_(sin.contiguous()),
+        feature_norm_(feature_norm.contiguous()), embed_norm_(embed_norm.contiguous()), fuse_(fuse) {
+    TORCH_CHECK(heads % kv_heads == 0 && head_dim % 2 == 0, "heads must be a multiple of kv_heads, head_dim even");
+    TORCH_CHECK(cos_.dim() == 2 && cos_.size(1) == head_dim / 2 && cos_.sizes() == sin_.sizes(), "bad rope tables");
+    TORCH_CHECK(window >= 1, "window must be >= 1");
+    TORCH_CHECK(fuse.rows == hidden && fuse.cols == 2 * hidden, "fuse has the wrong shape");
+    TORCH_CHECK(feature_norm_.numel() == hidden && embed_norm_.numel() == hidden, "input norms have the wrong size");
+    capacity_ = 2 * window + 64;  // a pass of up to window + 64 rows never overwrites a key it reads
+    tags_.assign(capacity_, -1);
+  }
+
+  void set_reduce(Matrix reduce) {
+    TORCH_CHECK(reduce.rows == hidden_, "reduce has the wrong shape");
+    reduce_ = reduce, has_reduce_ = true;
+  }
+
+  // The token embeddings (V, hidden) float32 the rows' ids are looked up in, and the output:
+  // the head's out norm, then the draft vocabulary's rows of the target's LM head.
+  void set_ends(at::Tensor embeddings, at::Tensor out_norm, Matrix head) {
+    TORCH_CHECK(embeddings.dim() == 2 && embeddings.size(1) == hidden_ && embeddings.scalar_type() == at::kFloat,
+                "embeddings must be (V, hidden) float32");
+    TORCH_CHECK(out_norm.numel() == hidden_ && head.cols == hidden_, "out norm or head has the wrong shape");
+    embeddings_ = embeddings.contiguous(), out_norm_ = out_norm.contiguous(), head_ = head;
+  }
+
+  void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, Matrix qkv, Matrix o, Matrix gate_up, Matrix down) {
+    TORCH_CHECK(qkv.rows == (heads_ + 2 * kv_heads_) * head_dim_ && qkv.cols == hidden_, "qkv has the wrong shape");
+    TORCH_CHECK(o.rows == hidden_ && o.cols == heads_ * head_dim_, "o has the wrong shape");
+    TORCH_CHECK(gate_up.rows == 2 * inter_ && gate_up.cols == hidden_, "gate_up has the wrong shape");
+    TORCH_CHECK(down.rows == hidden_ && down.cols == inter_, "down has the wrong shape");
+    layers_.push_back(Layer{attn_norm.contiguous(), ffn_norm.contiguous(), qkv, o, gate_up, down});
+    keys_.emplace_back(capacity_ * kv_heads_ * head_dim_);
+    values_.emplace_back(capacity_ * kv_heads_ * head_dim_);
+  }
+
+  // Rows at positions start, start + 1, ...: features [M, F] (F = hidden, or the reduce's
+  // columns), ids [M] int64, the tokens at those positions. Writes their keys and values;
+  // returns the outputs [M, hidden] and the last row's draft logits [N] (the head's out norm
+  // and the LM head's rows).
+  std::vector<at::Tensor> forward(at::Tensor features, at::Tensor ids, int64_t start) {
+    TORCH_CHECK(embeddings_.defined(), "set_ends first");
+    TORCH_CHECK(features.dim() == 2 && features.scalar_type() == at::kFloat, "features must be (M, F) float32");
+    TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "ids must be a 1-d int64 tensor");
+    const int64_t M = features.size(0), H = hidden_;
+    TORCH_CHECK(M >= 1 && ids.size(0) == M, "ids must match the features' rows");
+    TORCH_CHECK(M <= capacity_ - window_, "at most ", capacity_ - window_, " rows a pass, got ", M);
+    TORCH_CHECK(start >= 0 && start + M <= cos_.size(0), "positions ", start, "..", start + M, " exceed ", cos_.size(0));
+    TORCH_CHECK(features.size(1) == H || (has_reduce_ && features.size(1) == reduce_.cols),
+                "features have ", features.size(1), " columns");
+    features = features.contiguous(), ids = ids.contiguous();
+    const int64_t* tok = ids.data_ptr<int64_t>();
+    for (int64_t r = 0; r < M; r++) TORCH_CHECK(tok[r] >= 0 && tok[r] < embeddings_.size(0), "token id out of range");
+    at::NoGradGuard no_grad;
+    QuantRows scratch;
+    const float* f = features.data_ptr<float>();
+    std::vector<float> reduced, normed(M * H), in(M * 2 * H), x(M * H);
+    if (features.size(1) != H) {
+      reduced.resize(M * H);
+      matmul(reduce_, f, M, reduced.data(), H, scratch);
+      f = reduced.data();
+    }
+    rmsnorm(f, feature_norm_.data_ptr<float>(), M, H, eps_, normed.data());
+    for (int64_t r = 0; r < M; r++) std::memcpy(in.data() + r * 2 * H, normed.data() + r * H, H * 4);
+    std::vector<float> embeds(M * H);
+    for (int64_t r = 0; r < M; r++) std::memcpy(embeds.data() + r * H, embeddings_.data_ptr<float>() + tok[r] * H, H * 4);
+    rmsnorm(embeds.data(), embed_norm_.data_ptr<float>(), M, H, eps_, normed.data());
+    for (int64_t r = 0; r < M; r++) std::memcpy(in.data() + r * 2 * H + H, normed.data() + r * H, H * 4);
+    matmul(fuse_, in.data(), M, x.data(), H, scratch);
+    for (int64_t r = 0; r < M; r++) tags_[(start + r) % capacity_] = start + r;
+
+    const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D;
+    std::vector<float> h(M * H), qkv(M * cols), attn(M * heads_ * D), gu(M * 2 * inter_), act(M * inter_), delta(M * H);
+    for (size_t l = 0; l < layers_.size(); l++) {
+      const Layer& layer = layers_[l];
+      rmsnorm(x.data(), layer.attn_norm.data_ptr<float>(), M, H, eps_, h.data());
+      matmul(layer.qkv, h.data(), M, qkv.data(), cols, scratch);
+      rope_and_store(qkv.data(), M, start, l);
+      attend(qkv.data(), M, start, l, attn.data());
+      matmul(layer.o, attn.data(), M, delta.data(), H, scratch);
+      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      rmsnorm(x.data(), layer.ffn_norm.data_ptr<float>(), M, H, eps_, h.data());
+      matmul(layer.gate_up, h.data(), M, gu.data(), 2 * inter_, scratch);
+      for (int64_t r = 0; r < M; r++)
+        for (int64_t i = 0; i < inter_; i++) {
+          const float gate = gu[r * 2 * inter_ + i], up = gu[r * 2 * inter_ + inter_ + i];
+          act[r * inter_ + i] = gate / (1.0f + std::exp(-gate)) * up;
+        }
+      matmul(layer.down, act.data(), M, delta.data(), H, scratch);
+      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+    }
+    auto out = at::empty({M, H}, at::kFloat);
+    std::memcpy(out.data_ptr<float>(), x.data(), M * H * 4);
+    rmsnorm(x.data() + (M - 1) * H, out_norm_.data_ptr<float>(), 1, H, eps_, h.data());
+    auto logits = at::empty({head_.rows}, at::kFloat);
+    matmul(head_, h.data(), 1, logits.data_ptr<float>(), head_.rows, scratch);
+    return {out, logits};
+  }
+
+  // Forget the keys of positions >= position (drafted positions a round did not keep).
+  void truncate(int64_t position) {
+    for (int64_t& tag : tags_)
+      if (tag >= position) tag = -1;
+  }
+
+  void clear() { tags_.assign(capacity_, -1); }
+
+ private:
+  // RoPE (rotate-half, as layers.rotary) on each row's queries and keys at its position; the
+  // keys and values go into the ring.
+  void rope_and_store(float* qkv, int64_t M, int64_t start, size_t layer) {
+    const int64_t D = head_dim_, half = D / 2, cols = (heads_ + 2 * kv_heads_) * D;
+    for (int64_t r = 0; r < M; r++) {
+      const int64_t pos = start + r, slot = pos % capacity_;
+      float* row = qkv + r * cols;
+      rotate_half(row, heads_ + kv_heads_, D, cos_.data_ptr<float>() + pos * half, sin_.data_ptr<float>() + pos * half);
+      std::memcpy(keys_[layer].data() + slot * kv_heads_ * D, row + heads_ * D, kv_heads_ * D * 4);
+      std::memcpy(values_[layer].data() + slot * kv_heads_ * D, row + (heads_ + kv_heads_) * D, kv_heads_ * D * 4);
+    }
+  }
+
+  // Each (row, head): softmax over the window's tagged keys of q . k / sqrt(d), then the
+  // weighted sum of their values.
+  void attend(const float* qkv, int64_t M, int64_t start, size_t layer, float* out) {
+    const int64_t D = head_dim_, cols = (heads_ + 2 * kv_heads_) * D, group = heads_ / kv_heads_;
+    const float scale = 1.0f / std::sqrt((float)D);
+    const float* K = keys_[layer].data();
+    const float* V = values_[layer].data();
+    parallel_for(0, M * heads_, std::max<int64_t>(1, MIN_PARALLEL_WORK / (window_ * D * 2)), [&](int64_t b, int64_t e) {
+      std::vector<float> scores(window_);
+      std::vector<int64_t> slots(window_);
+      for (int64_t task = b; task < e; task++) {
+        const int64_t r = task / heads_, head = task % heads_, g = head / group, pos = start + r;
+        const float* q = qkv + r * cols + head * D;
+        int64_t n = 0;
+        float top = -INFINITY;
+        for (int64_t p = std::max<int64_t>(0, pos - window_ + 1); p <= pos; p++) {
+          const int64_t slot = p % capacity_;
+          if (tags_[slot] != p) continue;
+          const float* k = K + (slot * kv_heads_ + g) * D;
+          float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int64_t i = 0; i < D; i++) lanes[i % 8] += q[i] * k[i];
+          scores[n] = hsum8(lanes) * scale;
+          slots[n] = slot;
+          top = std::max(top, scores[n++]);
+        }
+        float* o = out + r * heads_ * D + head * D;
+        std::fill(o, o + D, 0.0f);
+        float total = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+          const float w = std::exp(scores[j] - top);
+          total += w;
+          const float* v = V + (slots[j] * kv_heads_ + g) * D;
+          for (int64_t i = 0; i < D; i++) o[i] += w * v[i];
+        }
+        for (int64_t i = 0; i < D; i++) o[i] /= total;
+      }
+    });
+  }
+
+  int64_t hidden_, inter_, heads_, kv_heads_, head_dim_, window_, capacity_;
+  float eps_;
+  at::Tensor cos_, sin_, feature_norm_, embed_norm_, embeddings_, out_norm_;
+  Matrix fuse_, reduce_, head_;
+  bool has_reduce_ = false;
+  std::vector<Layer> layers_;
+  std::vector<std::vector<float>> keys_, values_;  // per layer [capacity, kv_heads, head_dim]
+  std::vector<int64_t> tags_;                       // the position each ring slot holds, -1 for none
+};
+
 }  // namespace vs
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1943,4 +2131,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("values", &vs::Decoder::values)
       .def_property_readonly("context", &vs::Decoder::context)
       .def_property_readonly("slots", &vs::Decoder::slots);
+  py::class_<vs::HeadStack>(m, "HeadStack")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, int64_t, at::Tensor,
+                    at::Tensor, vs::Matrix>(),
+           py::arg("hidden"), py::arg("intermediate"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("eps"), py::arg("cos"), py::arg("sin"), py::arg("window"), py::arg("feature_norm"),
+           py::arg("embed_norm"), py::arg("fuse"))
+      .def("set_reduce", &vs::HeadStack::set_reduce)
+      .def("set_ends", &vs::HeadStack::set_ends)
+      .def("add_layer", &vs::HeadStack::add_layer)
+      .def("forward", &vs::HeadStack::forward, py::call_guard<py::gil_scoped_release>())
+      .def("truncate", &vs::HeadStack::truncate)
+      .def("clear", &vs::HeadStack::clear);
 }
