@@ -173,7 +173,7 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
             self.kernels = self.kernels.fresh()
 
     def _positions(self, context: Sequence[int], n: int, k: int, tokens: list[int]) -> Iterator[torch.Tensor]:
-        self._drop_drafts()  # a propose without observe in between drafts afresh
+        self._drop_drafts()  # the last round's drafts leave; accepted ones are redone from h
         outputs, logits = self._catch_up(context, n)
         for i in range(k):
             yield logits
@@ -181,7 +181,7 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
                 outputs, logits = self._step(outputs, tokens[-1], n + 1 + i)
 
     def _drop_drafts(self) -> None:
-        # Drafted positions leave; accepted ones are redone from h.
+        """Forget the positions the last propose drafted (its own keys of them)."""
         if self.kernels is None:
             self._cut(self.committed_cache)
             return

@@ -12,7 +12,7 @@ vocabulary, turns into draft logits (N,) and those into the row q the token is d
 
 What differs stays in the drafters' modules: what a net reads and how it runs
 (``_positions``: the draft logits of the draft positions, in order), and what state it
-keeps of the committed positions (``_add``, ``reset``, ``_drop_drafts``).
+keeps of the committed positions (``_add``, ``reset``).
 """
 
 from __future__ import annotations
@@ -169,6 +169,10 @@ class TrainedDrafter(Generic[Net]):
 
     def reset(self) -> None:
         self.known = 0  # committed positions whose target states have been read
+        # (states, rows, first position) of verify passes since the last propose, taken in
+        # there: a round that does not draft (the governor's plain rounds) copies nothing.
+        self.pending: list[tuple[torch.Tensor, int, int]] = []
+        self.pending_rows = 0
 
     def fork(self: Trained, target: Any) -> Trained:
         """The same net and shared weights, reading ``target``'s hidden states; ``reset``
@@ -188,7 +192,8 @@ class TrainedDrafter(Generic[Net]):
         self.prompt, self.params = list(prompt_ids), params
         self.known = len(prompt_ids) - 1  # prefill ran over all but the pending token
         rows = min(self.known, self.net.config.window)
-        self._add(self._captured(rows), self.known - rows)
+        hidden = self._states(rows)
+        self._add(hidden[hidden.shape[0] - rows :].to(torch.float32), self.known - rows)
 
     def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
         n = len(context) - 1  # position of the last committed token (the pending one)
@@ -198,6 +203,7 @@ class TrainedDrafter(Generic[Net]):
         tokens: list[int] = []
         rows = []
         with torch.inference_mode():
+            self._take_pending()
             for logits in self._positions(context, n, k, tokens):
                 drawn = self.shared.draw(
                     logits, self.params, self.prompt, output_ids + tokens, float(rng.random()), self.min_confidence
@@ -209,13 +215,21 @@ class TrainedDrafter(Generic[Net]):
                 rows.append(row)
         return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
 
-    @torch.inference_mode()
     def observe(self, context: Sequence[int], accepted: int) -> None:
-        self._drop_drafts()
         fresh = len(context) - 1 - self.known
         if fresh > 0:  # rows 0..accepted of the last verify: the newly committed positions
-            self._add(self._captured(fresh, first=True), self.known)
+            self.pending.append((self._states(fresh), fresh, self.known))  # the pass's own tensor: no copy
+            self.pending_rows += fresh
             self.known += fresh
+            # Neither drafter reads states more than a window back: older passes can go.
+            while self.pending_rows - self.pending[0][1] > self.net.config.window + 1:
+                self.pending_rows -= self.pending.pop(0)[1]
+
+    def _take_pending(self) -> None:
+        """Take in the states that verify passes left since the last propose, in order."""
+        for hidden, fresh, first in self.pending:
+            self._add(hidden[:fresh].to(torch.float32), first)
+        self.pending, self.pending_rows = [], 0
 
     # --- what each drafter supplies ----------------------------------------------------
 
@@ -228,16 +242,13 @@ class TrainedDrafter(Generic[Net]):
         """Take in the target's states (rows, F) of committed positions from ``first_position``."""
         raise NotImplementedError
 
-    def _drop_drafts(self) -> None:
-        """Forget what ``propose`` added for drafted positions (default: it keeps nothing)."""
-
     # --- internals -------------------------------------------------------------------
 
-    def _captured(self, rows: int, first: bool = False) -> torch.Tensor:
-        """The first (or else last) ``rows`` hidden-state rows of the target's last pass, float32."""
+    def _states(self, rows: int) -> torch.Tensor:
+        """The hidden states of the target's last pass, checked to hold at least ``rows`` rows."""
         hidden = self.target.last_hidden
         if hidden is None or hidden.shape[0] < rows:
             got = 0 if hidden is None else hidden.shape[0]
             raise RuntimeError(f"the {self.name} drafter needs {rows} hidden-state rows from the target, got {got}")
-        part = hidden[:rows] if first else hidden[hidden.shape[0] - rows :]
-        return part.to(torch.float32)
+        states: torch.Tensor = hidden
+        return states
