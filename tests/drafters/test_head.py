@@ -4,6 +4,7 @@ block (q is the sampling law, mass under its row) are in test_trained_laws.py.""
 
 import numpy as np
 import pytest
+import torch
 
 from tests import tiny
 from tests.drafters import trained
@@ -130,3 +131,28 @@ def test_head_kernels_refuses_what_it_cannot_run(tiny_engine, native_engine, tin
     with pytest.raises(DrafterError, match="cannot run the head's layers in that format"):
         tiny_engine.drafter("head", drafter_weights=weights, head_kernels="q8_0", fresh=True)
     assert tiny_engine.drafter("head", drafter_weights=weights, fresh=True).kernels is None  # auto: torch there
+
+
+@pytest.mark.parametrize("kind", ["head", "fused-head"])
+def test_states_after_rounds_without_drafts_sit_at_their_positions(native_engine, tiny_drafters, kind):
+    # Under the governor many rounds pass without a propose: observe keeps each verify pass's
+    # states and the next propose takes in what a window still reaches. Every feature row must
+    # then hold the state of the position it stands for, also after more than a window of
+    # such rounds (passes no window reaches are let go).
+    drafter = native_engine.drafter("head", drafter_weights=str(tiny_drafters[kind]), fresh=True)
+    window = drafter.net.config.window
+    context = trained.prepared(native_engine, drafter, PROMPT, SamplingParams(temperature=0))
+    states = {}
+    try:
+        for step in range(2 * window + 5):
+            native_engine.target.verify([context[-1]])  # a plain round: the pending token's pass
+            states[len(context) - 1] = native_engine.target.last_hidden[0].clone()
+            context = [*context, 3 + step % 40]
+            drafter.observe(context, 0)
+        assert len(drafter.propose(context, 2, np.random.default_rng(0)).tokens) == 2
+        first, count = drafter.feature_start, drafter.feature_count
+        assert first + count == len(context) - 1 and count >= window  # the catch-up's reach, contiguous
+        for i in range(count):
+            assert torch.equal(drafter.feature_buffer[i], states[first + i]), first + i
+    finally:
+        trained.release(native_engine, drafter)

@@ -140,6 +140,9 @@ class BlockDrafter(trained.TrainedDrafter[BlockNet]):
     def _add(self, features: torch.Tensor, first_position: int) -> None:
         if features.shape[0] == 0:
             return
+        if len(self.context_positions) and first_position != int(self.context_positions[-1]) + 1:
+            # a gap (observe let passes go that no window reaches any more): the old keys too
+            self.context, self.context_positions = [], self.context_positions[:0]
         positions = torch.arange(first_position, first_position + features.shape[0])
         fresh = self.net.context_keys(features, positions)
         if self.context:

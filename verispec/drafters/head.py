@@ -152,13 +152,13 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
         super().reset()
         width = len(self.net.config.layers_read) * self.net.config.hidden
         # Target states of positions [feature_start, feature_start + feature_count): the first
-        # rows of a buffer that holds a few windows, so taking in a round's states is one copy
-        # (every round pays it, drafting or not), and the buffer slides when it fills.
+        # rows of a buffer that holds a few windows, so taking in a pass's states is one copy,
+        # and the buffer slides when it fills.
         self.feature_buffer = torch.zeros(4 * (self.net.config.window + 1), width)
         self.feature_start = 0
         self.feature_count = 0
         # Per layer (keys, values) of the head at cache_positions, those up to committed_cache from
-        # target features; drafted positions are appended during propose and cut in observe.
+        # target features; drafted positions are appended during propose and cut at the next.
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cache_positions = torch.zeros(0, dtype=torch.long)
         self.committed_cache = 0
@@ -196,7 +196,10 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
     def _add(self, rows: torch.Tensor, first_position: int) -> None:
         """Append the target features of positions first_position .. first_position + len - 1."""
         kept = self.net.config.window + 1  # only the last window's features are ever read again
-        if rows.shape[0] >= kept or self.feature_count == 0:
+        # After a gap (observe let passes go that no window reaches any more) the old rows are
+        # out of reach too: start afresh, so that row i always holds position feature_start + i.
+        contiguous = first_position == self.feature_start + self.feature_count
+        if rows.shape[0] >= kept or self.feature_count == 0 or not contiguous:
             self.feature_count = 0
             rows, first_position = rows[-kept:], first_position + max(0, rows.shape[0] - kept)
             self.feature_start = first_position
