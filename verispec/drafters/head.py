@@ -185,10 +185,7 @@ class HeadDrafter(trained.TrainedDrafter[HeadNet]):
         if self.kernels is None:
             self._cut(self.committed_cache)
             return
-        if self.kernel_committed is None:
-            self.kernels.clear()
-        else:
-            self.kernels.truncate(self.kernel_committed + 1)
+        self.kernels.truncate(0 if self.kernel_committed is None else self.kernel_committed + 1)
         self.kernel_last = self.kernel_committed
 
     # --- internals -------------------------------------------------------------------

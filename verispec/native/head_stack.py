@@ -20,6 +20,7 @@ vocabulary, through the out norm and the target's own LM head rows, in the same 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -114,8 +115,7 @@ class KernelHeadStack:
 
     def fresh(self) -> KernelHeadStack:
         """The same matrices with an empty ring of its own."""
-        twin = object.__new__(KernelHeadStack)
-        twin.format, twin._kernels, twin._build = self.format, self._kernels, self._build
+        twin = copy.copy(self)
         twin._stack = twin._new_stack()
         return twin
 
