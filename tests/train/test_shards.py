@@ -11,12 +11,16 @@ import torch
 
 from verispec.train.data import encode_conversation
 from verispec.train.shards import (
+    REPORT_EXTRACTIONS,
+    REPORT_QUESTIONS,
+    REPORT_SUMMARIES,
     DataDir,
     Derived,
     GenerationSettings,
     ShardError,
     follow_up,
     grow,
+    report_task,
     summary,
 )
 
@@ -174,6 +178,33 @@ def test_follow_ups_are_chosen_by_the_parent_and_skip_short_answers():
     assert follow_up("templates:3", messages, "Yes.") is None
 
 
+def test_report_tasks_quote_the_report_in_every_shape_and_skip_short_ones():
+    report = (
+        "Millbrook opened its new bridge on Monday, two years after the old one closed. Ana Ruiz, who led the "
+        "forty workers on the site, said the steel arrived late but the crew made up the time in spring. The "
+        "council paid 12 million for it. Residents lined the river to watch the first bus cross, and the mayor "
+        "promised a cycle lane next year."
+    )
+    made = [report_task(f"reports:{i}", [], report) for i in range(60)]
+    assert made[7] == report_task("reports:7", [], report)  # chosen by the parent's id
+    texts = [m[0]["content"] for m in made if m is not None]
+    assert len(texts) == 60 and all(report in t and len(m) == 1 for t, m in zip(texts, made, strict=True))
+    summaries = sum(any(t == w.format(report=report) for w in REPORT_SUMMARIES) for t in texts)
+    questions = sum(any(t == f"{report}\n{q}" for q in REPORT_QUESTIONS) for t in texts)
+    extractions = sum(any(t == w.format(report=report) for w in REPORT_EXTRACTIONS) for t in texts)
+    assert summaries + questions + extractions == 60 and min(summaries, questions, extractions) > 0
+    assert report_task("reports:1", [], "A short reply of a few words.") is None
+    assert report_task("reports:1", [], "The headline is: " + "a shortage of nurses has hit the news. " * 12) is None
+
+
+def test_report_task_wordings_share_no_phrase_with_spec_bench():
+    from tests.train.overlap import shingles, spec_bench_shingles
+
+    bench = spec_bench_shingles()
+    for wording in (*REPORT_SUMMARIES, *REPORT_QUESTIONS, *REPORT_EXTRACTIONS):
+        assert not shingles(wording.format(report="REPORT")) & bench, wording
+
+
 def test_a_directory_keeps_to_its_target_and_settings_are_checked(tmp_path):
     DataDir(tmp_path / "d", "a" * 64)
     with pytest.raises(ShardError, match="another target"):
@@ -198,26 +229,35 @@ def test_a_drafter_trains_on_the_grown_shards(engine, tiny_dir, tmp_path):
     assert summary_["data"]["sequences"] == len(WORDS) - 1
     assert summary_["data"]["response_tokens"] == corpus.response_tokens
     assert summary_["data"]["key"] == key and summary_["data"]["sources"][0]["source"] == "words"
+    assert summary_["data"]["states"] == "native"  # auto: the tiny model loads on the native backend
     assert (tmp_path / "head" / "model.safetensors").is_file()
     # The states are cached per shard beside the shards, and assembled for the corpus.
-    assert len(list((data.root / "hidden").glob("0*-*.npy"))) == len(data.shards())
+    assert len(list((data.root / "hidden").glob("0*-native-*.npy"))) == len(data.shards())
     assert len(list((data.root / "hidden").glob("corpus-*.npy"))) == 1
     with pytest.raises(TrainError, match="no shards of nothing"):
         train_drafter(
             "head", tmp_path / "other", str(tiny_dir), None, net, train, shards=data.root, sources=("nothing",)
         )
+    with pytest.raises(TrainError, match="unknown hidden-state source 'nativ'"):
+        train_drafter("head", tmp_path / "other", str(tiny_dir), None, net, train, shards=data.root, states="nativ")
 
 
-def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(engine, tiny_dir, tmp_path):
+def three_word_shards(engine, tiny_dir, tmp_path):
+    """(the tiny transformers model, a directory of 3 shards of WordSource answers, its shards, their corpus)."""
     from verispec import models
-    from verispec.train.data import hidden_states
-    from verispec.train.shards import corpus_hidden_states
 
     model = models.load(str(tiny_dir), dtype=None, device="cpu").model
     data = DataDir(tmp_path / "d", engine.target.weights_fingerprint())
     grow(data, engine, WordSource(), GenerationSettings(max_new_tokens=10), tokens=10_000, shard_sequences=4)
     chosen = data.select()
-    corpus, _ = data.corpus(chosen)
+    return model, data, chosen, data.corpus(chosen)[0]
+
+
+def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(engine, tiny_dir, tmp_path):
+    from verispec.train.data import hidden_states
+    from verispec.train.shards import corpus_hidden_states
+
+    model, data, chosen, corpus = three_word_shards(engine, tiny_dir, tmp_path)
     both = corpus_hidden_states([(data, chosen)], model, (1, 2))
     assert both.dtype == torch.bfloat16 and both.shape[0] == len(corpus.tokens)
     assert torch.equal(both, hidden_states(model, corpus, (1, 2)))  # shard by shard = the whole corpus at once
@@ -226,6 +266,32 @@ def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(eng
     last = corpus_hidden_states([(data, chosen)], model, (2,))  # served by the files of layers 1 and 2
     assert sorted((data.root / "hidden").glob("0*.npy")) == files
     assert torch.equal(last, both[:, both.shape[1] // 2 :])
+
+
+def test_native_states_are_the_native_targets_own_and_cached_apart_from_the_models(engine, tiny_dir, tmp_path):
+    from verispec.targets.base import HiddenCapture
+    from verispec.train.shards import corpus_hidden_states
+
+    model, data, chosen, corpus = three_word_shards(engine, tiny_dir, tmp_path)
+    native = corpus_hidden_states([(data, chosen)], model, (1, 2), native=engine.target)
+    assert native.dtype == torch.bfloat16 and native.shape == (len(corpus.tokens), 2 * model.config.hidden_size)
+    target = engine.target
+    for index in (0, len(corpus.lengths) // 2, len(corpus.lengths) - 1):  # each sequence prefilled alone
+        start, length = int(corpus.starts[index]), int(corpus.lengths[index])
+        target.capture_hidden(HiddenCapture((1, 2), prefill_rows=length))
+        target.prefill(corpus.tokens[start : start + length].tolist())
+        assert torch.equal(native[start : start + length], target.last_hidden.to(torch.bfloat16)), index
+    target.capture_hidden(None)
+    target.reset()
+    hidden = data.root / "hidden"
+    assert len(list(hidden.glob("0*-native-1-2.npy"))) == len(chosen)
+    model_states = corpus_hidden_states([(data, chosen)], model, (1, 2))  # not served by the native files
+    assert len(list(hidden.glob("0*.npy"))) == 2 * len(chosen)
+    gap = (native.float() - model_states.float()).norm() / model_states.float().norm()
+    assert 0 < gap < 0.05  # the same weights, the native kernels' own rounding
+    again = corpus_hidden_states([(data, chosen)], model, (2,), native=engine.target)  # from the files
+    assert len(list(hidden.glob("0*.npy"))) == 2 * len(chosen)
+    assert torch.equal(again, native[:, native.shape[1] // 2 :])
 
 
 def test_a_greedy_and_a_sampled_directory_train_together(engine, tiny_dir, tmp_path):

@@ -42,7 +42,7 @@ def digest_of_sources() -> str:
 
 
 def test_every_source_is_reproducible_and_its_prompts_distinct():
-    assert set(SOURCES) == {"templates", "roleplay", "passages", "code", "math", "questions"}
+    assert set(SOURCES) == {"templates", "roleplay", "passages", "code", "math", "questions", "reports"}
     for name, source in SOURCES.items():
         assert source.name == name and source.licence
         prompts = first(name, 500)

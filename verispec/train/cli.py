@@ -46,6 +46,13 @@ def add_train_parser(commands: Any) -> None:
         "a greedy and a sampled one say) instead of generating here",
     )
     data.add_argument("--sources", default=None, help="with --shards: comma-separated sources to use (default all)")
+    data.add_argument(
+        "--states",
+        default="auto",
+        help="with --shards: whose hidden states the drafter trains on: native (the native target's, "
+        "what it reads at run time there), transformers (the model's), or auto (native where the target "
+        "loads there)",
+    )
     net = train.add_argument_group("network")
     net.add_argument("--layers", type=int, default=None, help="drafter layers (default: head 1, block 2)")
     net.add_argument("--block-size", type=int, default=8, help="block: anchor + masks (drafts = size - 1)")
@@ -199,6 +206,7 @@ def run_train(args: argparse.Namespace) -> int:
             args.data_only,
             [Path(path) for path in args.shards] if args.shards else None,
             tuple(s.strip() for s in args.sources.split(",")) if args.sources else None,
+            states=args.states,
         )
     data = summary["data"]
     if args.data_only:

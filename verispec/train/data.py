@@ -223,6 +223,28 @@ def hidden_states(
     return out
 
 
+def native_hidden_states(
+    target: Any, corpus: Corpus, layers: tuple[int, ...], dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """As ``hidden_states``, from a target with its own kernels (``verispec.targets.native``):
+    each sequence prefilled once with its states at ``layers`` kept, so a drafter trains on the
+    states it reads at run time on that target (its quantised weights' own, within a few
+    percent of the transformers model's). Leaves the target empty and capturing nothing."""
+    from verispec.targets.base import HiddenCapture
+
+    width = len(layers) * int(target.hidden_size)
+    out = torch.zeros(len(corpus.tokens), width, dtype=dtype)
+    try:
+        for start, length in zip(corpus.starts.tolist(), corpus.lengths.tolist(), strict=True):
+            target.capture_hidden(HiddenCapture(layers, prefill_rows=length))
+            target.prefill(corpus.tokens[start : start + length].tolist())
+            out[start : start + length] = target.last_hidden.to(dtype)
+    finally:
+        target.capture_hidden(None)
+        target.reset()
+    return out
+
+
 def save_corpus(corpus: Corpus, path: Path, key: str) -> None:
     from safetensors.torch import save_file
 

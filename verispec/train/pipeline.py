@@ -34,6 +34,7 @@ from verispec.train import data, loop, objectives, score
 from verispec.train.prompts import second_turns, training_prompts
 
 KINDS = ("head", "block")
+STATES = ("auto", "native", "transformers")  # whose hidden states a grown data set trains on
 Stage = Callable[[str, int], Callable[[int, str], None]]  # (description, total) -> update(done, note)
 
 
@@ -104,12 +105,15 @@ def train_drafter(
     shards: Path | Sequence[Path] | None = None,
     sources: tuple[str, ...] | None = None,
     eval_prompts: list[score.EvalPrompt] | None = None,
+    states: str = "auto",
 ) -> dict[str, Any]:
     """Train a ``kind`` drafter for the target ``target_spec`` into ``out``; returns a summary.
     ``data_only``: stop once the training set and its hidden states are cached. ``shards``: a
     data directory grown by ``verispec train-data``, or several (a greedy and a sampled one),
     whose ``sources`` (None: all) are the training set instead of responses generated here
-    (``data_settings`` then sets nothing).
+    (``data_settings`` then sets nothing); ``states`` (``STATES``): whose hidden states those
+    shards train on: the native target's, the transformers model's, or auto (native where the
+    target loads there).
     ``eval_prompts``: what the held-out score answers (with ``score_k``; default the project's
     eval prompts)."""
     from verispec import models
@@ -118,6 +122,8 @@ def train_drafter(
 
     if kind not in KINDS:
         raise loop.TrainError(f"unknown drafter kind {kind!r}; train one of {', '.join(KINDS)}")
+    if states not in STATES:
+        raise loop.TrainError(f"unknown hidden-state source {states!r}; one of {', '.join(STATES)}")
     data_settings = data_settings or data.DataSettings(tokens=40_000)
     net_settings = net_settings or NetSettings()
     train_settings = train_settings or TrainSettings()
@@ -146,8 +152,12 @@ def train_drafter(
         from verispec.train.shards import corpus_hidden_states
 
         start = time.perf_counter()
-        update = stage("target hidden states (shards)", sum(len(infos) for _, infos in grown["chosen"]))
-        corpus.hidden = corpus_hidden_states(grown["chosen"], model, layers, lambda d, t: update(d, ""))
+        native = _native_target(target_spec, states)
+        grown["states"] = "transformers" if native is None else "native"
+        update = stage(
+            f"target hidden states (shards, {grown['states']})", sum(len(infos) for _, infos in grown["chosen"])
+        )
+        corpus.hidden = corpus_hidden_states(grown["chosen"], model, layers, lambda d, t: update(d, ""), native)
         data_seconds += time.perf_counter() - start
     else:
         corpus.hidden = data.load_hidden_layers(data_dir, key, layers, target.hidden_size)
@@ -258,6 +268,24 @@ def _native_answers(
     except UserError:
         return None
     return lambda prompts, tokens: answer_prompts(engine, prompts, tokens, temperature)
+
+
+def _native_target(target_spec: str | None, states: str) -> Any:
+    """The native target whose states a grown data set trains on (``states`` native, or auto
+    where it loads); None for the transformers model's."""
+    from verispec.api import load_engine
+    from verispec.errors import UserError
+
+    if states == "transformers":
+        return None
+    try:
+        return load_engine(target_spec, backend="native").target
+    except UserError as error:
+        if states == "native":
+            raise loop.TrainError(
+                f"--states native: the target does not load on the native backend: {error}"
+            ) from error
+        return None
 
 
 def _shard_corpus(

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from verispec.errors import UserError
-from verispec.train.data import Corpus, encode_conversation, hidden_states
+from verispec.train.data import Corpus, encode_conversation, hidden_states, native_hidden_states
 from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS
 
 Messages = list[dict[str, str]]
@@ -288,32 +288,42 @@ def corpus_hidden_states(
     model: Any,
     layers: tuple[int, ...],
     progress: Callable[[int, int], None] | None = None,
+    native: Any = None,
 ) -> torch.Tensor:
     """(P, len(layers) * D) bf16, memory-mapped: the target's hidden states at ``layers`` over
-    the corpus of ``chosen`` (in that order, as ``selection_corpus`` concatenates them).
+    the corpus of ``chosen`` (in that order, as ``selection_corpus`` concatenates them), from the
+    transformers ``model`` or, given one, from the ``native`` target (``data.native_hidden_states``).
 
-    Each shard's states are computed once (``hidden/NNNNNN-LAYERS.npy`` in its directory; a
-    file of more layers serves fewer), so a grown directory only computes its new shards; the
-    corpus's states are then one file assembled from them in the first directory, mapped rather
-    than read (a few million positions of several layers do not fit in memory)."""
+    Each shard's states are computed once (``hidden/NNNNNN-LAYERS.npy`` in its directory, or
+    ``NNNNNN-native-LAYERS.npy``; a file of more layers serves fewer, a file of the other
+    target none), so a grown directory only computes its new shards; the corpus's states are
+    then one file assembled from them in the first directory, mapped rather than read (a few
+    million positions of several layers do not fit in memory)."""
+    tag = "native" if native is not None else ""
     folder = chosen[0][0].root / "hidden"
     parts: list[tuple[Path, list[int]]] = []  # (file, columns of ``layers`` in it)
     total = sum(len(infos) for _, infos in chosen)
+    width = int(model.config.hidden_size)
     for data, infos in chosen:
         own = data.root / "hidden"
         own.mkdir(parents=True, exist_ok=True)
         for info in infos:
-            found = _shard_states(own, info.number, layers)
+            found = _shard_states(own, info.number, layers, tag)
             if found is None:
-                states = hidden_states(model, data.load(info), layers)
-                path = own / f"{info.number:06d}-{'-'.join(map(str, layers))}.npy"
+                corpus = data.load(info)
+                states = (
+                    hidden_states(model, corpus, layers)
+                    if native is None
+                    else native_hidden_states(native, corpus, layers)
+                )
+                path = own / "-".join([f"{info.number:06d}", *([tag] if tag else []), *map(str, layers)])
+                path = path.with_name(path.name + ".npy")
                 staged = path.with_name(path.name + ".partial")
                 with staged.open("wb") as handle:
                     np.save(handle, states.view(torch.int16).numpy())
                 staged.replace(path)
                 found = (path, layers)
             path, stored = found
-            width = int(model.config.hidden_size)
             parts.append((path, [stored.index(layer) * width + c for layer in layers for c in range(width)]))
             if progress is not None:
                 progress(len(parts), total)
@@ -339,9 +349,17 @@ def corpus_hidden_states(
     return torch.from_numpy(np.load(out, mmap_mode="c")).view(torch.bfloat16)
 
 
-def _shard_states(folder: Path, number: int, layers: tuple[int, ...]) -> tuple[Path, tuple[int, ...]] | None:
+def _shard_states(
+    folder: Path, number: int, layers: tuple[int, ...], tag: str = ""
+) -> tuple[Path, tuple[int, ...]] | None:
+    """A cached states file of shard ``number`` from the target ``tag`` names ('': the
+    transformers model) holding every one of ``layers``: (its path, the layers it holds)."""
     for path in sorted(folder.glob(f"{number:06d}-*.npy")):
-        stored = tuple(int(i) for i in path.stem.split("-")[1:])
+        fields = path.stem.split("-")[1:]
+        made_by = fields[0] if fields and not fields[0].isdigit() else ""
+        if made_by != tag:
+            continue
+        stored = tuple(int(i) for i in fields[1 if made_by else 0 :])
         if set(layers) <= set(stored):
             return path, stored
     return None
@@ -370,9 +388,58 @@ def follow_up(prompt_id: str, messages: Messages, answer: str) -> Messages | Non
     return [{"role": "user", "content": _pick(prompt_id, PASSAGE_TASKS, "task").format(passage=answer)}]
 
 
+# Requests on a report the target wrote (``reports``), shaped like Spec-Bench's summarization
+# (a bare "Summarize:" before the article), rag (the passage, then a question on its last line,
+# with no instruction) and extraction prompts; the wording is our own.
+REPORT_DISTINCT = 0.5  # share of a report's word trigrams that must be distinct (the target loops at times)
+REPORT_SUMMARIES = (
+    "Summarize: {report}",
+    "Summarize this article in a few sentences.\n\n{report}",
+    "{report}\n\nSummarize the article above.",
+    "Write a short summary of the following news story:\n{report}",
+)
+REPORT_QUESTIONS = (
+    "What happened?",
+    "Who is quoted in the article?",
+    "Where did this take place?",
+    "When did it happen?",
+    "What numbers are given, and what do they measure?",
+    "Why did it happen?",
+    "What happens next?",
+    "Who was involved?",
+    "How did people react?",
+    "What is the main point of the article?",
+)
+REPORT_EXTRACTIONS = (
+    "List the people named in the text below with their roles, one per line.\n{report}",
+    "From the article below, extract every date, number and place as a JSON object.\n\n{report}",
+    "Read the text and fill in: Event: ... Place: ... Date: ... People: ...\n\n{report}",
+)
+
+
+def report_task(prompt_id: str, messages: Messages, answer: str) -> Messages | None:
+    """A request on the target's report, chosen by the parent's id: a summary (two in five), a
+    question after the passage (two in five) or an extraction (one in five); None for a report
+    too short or one that loops."""
+    report = answer.strip()
+    words = report.split()
+    if len(words) < 40:  # too short to be a passage
+        return None
+    trigrams = list(zip(words, words[1:], words[2:], strict=False))
+    if len(set(trigrams)) < REPORT_DISTINCT * len(trigrams):  # a loop, not an article to summarise
+        return None
+    kind = _pick(prompt_id, ("summary", "summary", "question", "question", "extract"), "report-kind")
+    if kind == "summary":
+        return [{"role": "user", "content": _pick(prompt_id, REPORT_SUMMARIES, "report").format(report=report)}]
+    if kind == "question":
+        return [{"role": "user", "content": f"{report}\n{_pick(prompt_id, REPORT_QUESTIONS, 'report')}"}]
+    return [{"role": "user", "content": _pick(prompt_id, REPORT_EXTRACTIONS, "report").format(report=report)}]
+
+
 def derived_sources() -> dict[str, Derived]:
-    """The sources built on answers: ``follow-ups`` (on every first-turn source's answers) and
-    ``self-instruct`` (the questions the target wrote, asked of it)."""
+    """The sources built on answers: ``follow-ups`` (on every first-turn source's answers),
+    ``self-instruct`` (the questions the target wrote, asked of it) and ``report-tasks``
+    (summaries of, questions on and extractions from the reports it wrote)."""
     from verispec.train import sources
 
     firsts = tuple(name for name in sources.SOURCES if name != "questions")
@@ -385,6 +452,12 @@ def derived_sources() -> dict[str, Derived]:
     return {
         "follow-ups": Derived("follow-ups", written, (*firsts, "self-instruct"), follow_up),
         "self-instruct": Derived("self-instruct", sources.SOURCES["questions"].licence, ("questions",), instruct),
+        "report-tasks": Derived(
+            "report-tasks",
+            f"{sources.REPORTS_LICENCE}; passages: reports written by {sources.TARGET_MODEL}",
+            ("reports",),
+            report_task,
+        ),
     }
 
 

