@@ -316,8 +316,7 @@ def corpus_hidden_states(
                     if native is None
                     else native_hidden_states(native, corpus, layers)
                 )
-                path = own / "-".join([f"{info.number:06d}", *([tag] if tag else []), *map(str, layers)])
-                path = path.with_name(path.name + ".npy")
+                path = own / ("-".join([f"{info.number:06d}", *([tag] if tag else []), *map(str, layers)]) + ".npy")
                 staged = path.with_name(path.name + ".partial")
                 with staged.open("wb") as handle:
                     np.save(handle, states.view(torch.int16).numpy())
