@@ -237,3 +237,45 @@ def test_run_gives_each_sequence_its_rows_alone(batched):
         target.sequence(17)
     for sequence in sequences:
         sequence.reset()
+
+
+def test_a_request_starts_on_the_sequence_that_holds_its_prompt(batched):
+    # A conversation goes on: the next request carries the first one's prompt and answer. It
+    # starts on the sequence that served the first (not the lowest free one), computes only
+    # what is new, and gives what a cold prefill gives; another scope (API key) reuses nothing.
+    target = batched.target
+    target.drop_cache()
+    scheduler = Scheduler(batched, max_running=4)
+    greedy = {"drafter": "lookup", "k": 3, "temperature": 0, "max_tokens": 12}
+    asked = [("zzzz yyyy xxxx wwww", greedy), ("the cat sat on the mat and the dog sat on the log", greedy)]
+    runs, _ = run_together(scheduler, batched, asked)
+    first = runs[1]
+    assert all(run.stats.cached_prompt_tokens == 0 for run in runs)
+    assert scheduler._free[0] is runs[0].sequence and first.sequence is not runs[0].sequence
+    follow = first.request.prompt_ids + first.result.token_ids + batched.encode(" and then", chat=False)
+    again = scheduler.start(batched.request(follow, **greedy))
+    assert again.sequence is first.sequence
+    while scheduler.running:
+        scheduler.step()
+    held = len(first.request.prompt_ids) + len(first.result.token_ids) - 1  # its last token was never fed
+    assert again.stats.cached_prompt_tokens == held
+    other = scheduler.start(batched.request(follow, scope="another key", **greedy))
+    assert other.sequence is scheduler._sequences[0]  # nothing of its scope anywhere: the lowest
+    while scheduler.running:
+        scheduler.step()
+    assert other.stats.cached_prompt_tokens == 0
+    target.drop_cache()
+    alone = batched.generate(follow, **greedy)
+    assert alone.stats.cached_prompt_tokens == 0
+    assert again.result.token_ids == other.result.token_ids == alone.token_ids
+    # One sequence, two scopes taking turns on the same conversation: each finds the other's
+    # positions there and reuses none of them; the same scope twice in a row does.
+    single = Scheduler(batched, max_running=1)
+    cached = []
+    for scope in ("key one", "key two", "key one", "key one"):
+        run = single.start(batched.request(follow, scope=scope, **greedy))
+        while single.running:
+            single.step()
+        assert run.result.token_ids == alone.token_ids
+        cached.append(run.stats.cached_prompt_tokens)
+    assert cached[:3] == [0, 0, 0] and cached[3] == len(follow) - 1

@@ -56,7 +56,8 @@ def summary_line(stats: RequestStats) -> str:
     parts = [
         f"tokens {stats.tokens}",
         f"{stats.tokens_per_second:.1f} tok/s",
-        f"prefill {stats.prompt_tokens} at {stats.prefill_tokens_per_second:.0f} tok/s",
+        f"prefill {stats.prompt_tokens} at {stats.prefill_tokens_per_second:.0f} tok/s"
+        + (f" ({stats.cached_prompt_tokens} cached)" if stats.cached_prompt_tokens else ""),
         f"acceptance {stats.acceptance_rate:.1%}",
         f"tokens/round {stats.tokens_per_round:.2f}",
         f"per-position [{per_position}]",

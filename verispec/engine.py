@@ -90,6 +90,9 @@ class Request:
     # Whether its driver verifies trees of drafts (``Verify.parents``); a driver that cannot
     # (a scheduler's shared passes) sets False, and a tree proposal is cut to its main chain.
     trees: bool = True
+    # Who asks (a server's API key): a scheduler reuses a cached prompt prefix only from a
+    # request of the same scope, so one key's prompts cannot be probed by another's timings.
+    scope: str | None = None
 
 
 @dataclass
@@ -269,7 +272,8 @@ class Engine:
         else:
             the_drafter = drafter
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        return Request(prompt_ids, params, the_drafter, k, k_max, seed, TextStream(self.tokenizer, params.stop))
+        text = TextStream(self.tokenizer, params.stop)
+        return Request(prompt_ids, params, the_drafter, k, k_max, seed, text, scope=scope)
 
     def generate(self, prompt: str | Sequence[int] | Sequence[dict[str, str]], **options: Any) -> Generation:
         """Run a request to the end; see ``stream`` for the options."""
@@ -305,6 +309,7 @@ class Engine:
                         for seconds in prefill_steps(self.target, work.ids):
                             request.stats.prefill_seconds += seconds
                             yield ""
+                        request.stats.cached_prompt_tokens = getattr(self.target, "reused_tokens", 0)
             finally:
                 steps.close()
         stream.result = request.result

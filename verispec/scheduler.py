@@ -8,7 +8,10 @@ the target's cache, with a drafter of its own (``Drafter.fork``). One ``step``:
     prefill chunks of waiting prompts fill the rows left, ``prefill_chunk`` each at most
     one forward pass runs them all (``target.run``); each request gets its own rows back
 
-Requests join (``start``) and leave (finished, failed or ``cancel``) between steps. A row's
+Requests join (``start``) and leave (finished, failed or ``cancel``) between steps. A request
+starts on the free sequence whose cache holds the longest prefix of its prompt (a sequence
+keeps a finished request's positions; see ``NativeTarget``'s prefix reuse), and its prefill
+computes only the rest; a prefix is reused only within one ``Request.scope`` (API key). A row's
 logits do not depend on the other rows of its pass (the target's row invariance, checked at
 load), and each request keeps its own RNG, planner, stop conditions and rollback, so a
 request's output is the one it would get alone.
@@ -104,6 +107,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self._sequences = sequences[: self.max_running]
         self._free = list(self._sequences)
+        self._scopes: dict[int, str | None] = {}  # sequence index -> scope of its last request
         self.running: list[Running] = []
         self._turn = 0  # which request's verify goes first when rows run short (rotates)
         self._locked = False
@@ -120,14 +124,52 @@ class Scheduler:
         return all(r.drafter is not request.drafter for r in self.running)
 
     def _fork(self, request: Request) -> Drafter | None:
-        """The request's own drafter for the next free sequence, made once (None: it cannot fork)."""
+        """The request's own drafter for its sequence (``_pick``), made once (None: it cannot fork)."""
         if not self.batched:
             return None
+        sequence = self._pick(request)
         made = self._forked
-        if made is None or made[0] is not request or made[1] is not self._free[0]:
+        if made is None or made[0] is not request or made[1] is not sequence:
             fork = getattr(request.drafter, "fork", None)
-            made = self._forked = (request, self._free[0], fork(self._free[0]) if fork is not None else None)
+            made = self._forked = (request, sequence, fork(sequence) if fork is not None else None)
         return made[2]
+
+    def _pick(self, request: Request) -> Target:
+        """The free sequence holding the longest prefix of the request's prompt (of its scope;
+        on a tie the lowest, whose cache pages are resident)."""
+        best, longest = self._free[0], 0
+        for sequence in self._free:
+            shared = getattr(sequence, "shared_prefix", None)
+            if shared is None or not self._same_scope(sequence, request):
+                continue
+            length = shared(request.prompt_ids[:-1])
+            if length > longest:
+                best, longest = sequence, length
+        return best
+
+    def _same_scope(self, sequence: Target, request: Request) -> bool:
+        # Positions left by runs outside this scheduler (``Engine.generate``) have no scope.
+        return self._scopes.get(self._sequences.index(sequence)) == request.scope
+
+    def _claim(self, running: Running) -> None:
+        """Before a prefill: a sequence whose last request had another scope forgets what its
+        cache holds, so no prefix crosses from one scope to another."""
+        sequence = running.sequence
+        if not self._same_scope(sequence, running.request):
+            drop = getattr(sequence, "drop_cache", None)
+            if drop is not None:
+                drop()
+        self._scopes[self._sequences.index(sequence)] = running.request.scope
+
+    def _start_prefill(self, running: Running, ids: list[int]) -> None:
+        """A prefill starts the sequence afresh, keeping what its cache holds of ``ids``."""
+        self._claim(running)
+        reuse = getattr(running.sequence, "reuse", None)
+        if reuse is None:
+            running.sequence.reset()
+            return
+        running.prefilled = reuse(ids)
+        running.stats.cached_prompt_tokens = running.prefilled
 
     def start(self, request: Request) -> Running:
         """Admit ``request`` (``can_start`` must hold); it runs from the next step."""
@@ -138,7 +180,8 @@ class Scheduler:
             self._locked = True
         forked = self._fork(request)
         self._forked = None
-        sequence = self._free.pop(0)
+        sequence = self._pick(request)
+        self._free.remove(sequence)
         drafter = forked or request.drafter
         request.trees = False  # shared passes hold chains: a tree proposal is cut to its main chain
         running = Running(request, sequence, drafter, self.engine.lifecycle(request, sequence, drafter))
@@ -230,10 +273,12 @@ class Scheduler:
         start = time.perf_counter()
         if isinstance(work, Prefill):
             if running.chunks is None:
+                self._claim(running)
                 running.chunks = prefill_steps(target, work.ids)
             seconds = next(running.chunks, None)
             if seconds is None:
                 running.chunks = None
+                running.stats.cached_prompt_tokens = getattr(target, "reused_tokens", 0)
                 self._advance(running, None)
                 return StepReport(1, 0, time.perf_counter() - start)
             self._prefilled(running, 0, seconds)
@@ -263,8 +308,8 @@ class Scheduler:
                 elif isinstance(item, Prefill):
                     running.prefilled = 0
                     if self.batched:
-                        running.sequence.reset()  # a prefill starts the sequence afresh
-                        if not item.ids:
+                        self._start_prefill(running, item.ids)
+                        if running.prefilled >= len(item.ids):  # nothing left to compute
                             item = running.steps.send(None)
                             continue
                     running.work = item

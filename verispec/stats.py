@@ -33,6 +33,9 @@ class RequestStats:
     plain_seconds: float = 0.0  # verify time of plain rounds (their draft time is ~0)
     prefill_seconds: float = 0.0
     prompt_tokens: int = 0
+    # Prompt tokens the prefill did not compute: the target's cache still held them from an
+    # earlier request (prefix reuse).
+    cached_prompt_tokens: int = 0
     # A plain step's time measured elsewhere (the engine's running estimate), used for
     # ``cost_steps`` when this request ran no plain round of its own.
     reference_step_seconds: float | None = None
@@ -173,8 +176,10 @@ class RequestStats:
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        """Prompt tokens over prefill time (the last prompt token is read by the first round)."""
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+        """Prompt tokens computed over prefill time (the last prompt token is read by the first
+        round; tokens kept from the cache were not computed)."""
+        computed = self.prompt_tokens - self.cached_prompt_tokens
+        return computed / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
     @property
     def plain_step_seconds(self) -> float | None:
@@ -247,6 +252,7 @@ class RequestStats:
             "verify_seconds": self.verify_seconds,
             "plain_seconds": self.plain_seconds,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "prefill_seconds": self.prefill_seconds,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "reference_step_seconds": self.reference_step_seconds,
@@ -274,6 +280,7 @@ _SUMMED = (
     "plain_seconds",
     "prefill_seconds",
     "prompt_tokens",
+    "cached_prompt_tokens",
     "governor_plain_rounds",
     "governor_probes",
     "governor_shadow_drafts",

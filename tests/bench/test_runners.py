@@ -44,6 +44,19 @@ def test_every_run_starts_cold(tiny_gguf):
     assert engine.target.reused_tokens == len(prompt) - 1
 
 
+def test_every_run_starts_cold_on_the_native_target(native_engine):
+    # The native target reuses a cached prefix too (its sequences keep a finished request's
+    # positions); the bench's runs must not.
+    from verispec.bench.runners import VerispecRunner
+
+    prompt = native_engine.encode("the cat sat on the mat")
+    for name in ("none", "lookup", "none"):
+        VerispecRunner(parse_config(name, ["none", "lookup"]), native_engine, 3).run(prompt, 8, 0.0, 0)
+        assert native_engine.target.reused_tokens == 0
+    native_engine.generate(prompt, drafter="none", max_tokens=4)
+    assert native_engine.target.reused_tokens == len(prompt) - 1
+
+
 def test_k_max_reaches_the_engine(tiny_gguf):
     # ``k_max`` bounds what ``k=auto`` may choose: at 0 the governor never drafts (nor probes),
     # while the same configuration without it offers drafts on a repetitive prompt.

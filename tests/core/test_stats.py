@@ -60,10 +60,15 @@ def test_prefill_rate():
     assert stats.as_dict()["prefill_tokens_per_second"] == pytest.approx(400.0)
     assert stats.as_dict()["prompt_tokens"] == 200
     assert RequestStats().prefill_tokens_per_second == 0.0  # no prefill timed: no rate
+    # Tokens read from the cache an earlier request left were not computed: not in the rate.
+    reused = RequestStats(prefill_seconds=0.5, prompt_tokens=200, cached_prompt_tokens=150)
+    assert reused.prefill_tokens_per_second == pytest.approx(100.0)
+    assert reused.as_dict()["cached_prompt_tokens"] == 150
 
 
 def _two_requests():
-    first, second = RequestStats(prompt_tokens=10, prefill_seconds=0.1), RequestStats(prompt_tokens=30)
+    first = RequestStats(prompt_tokens=10, prefill_seconds=0.1, cached_prompt_tokens=4)
+    second = RequestStats(prompt_tokens=30)
     first.observe(offered=3, accepted=3, bonus=1, draft_seconds=0.001, verify_seconds=0.03)
     first.observe(offered=0, accepted=0, bonus=1, draft_seconds=0.0, verify_seconds=0.02)
     first.observe_choice(3, probe=False)
@@ -74,7 +79,7 @@ def _two_requests():
 
 def test_a_total_is_the_counts_of_all_rounds_observed_in_one():
     first, second = _two_requests()
-    together = RequestStats(prompt_tokens=40, prefill_seconds=0.1)
+    together = RequestStats(prompt_tokens=40, prefill_seconds=0.1, cached_prompt_tokens=4)
     together.observe(offered=3, accepted=3, bonus=1, draft_seconds=0.001, verify_seconds=0.03)
     together.observe(offered=0, accepted=0, bonus=1, draft_seconds=0.0, verify_seconds=0.02)
     together.observe(offered=5, accepted=1, bonus=1, draft_seconds=0.002, verify_seconds=0.04)

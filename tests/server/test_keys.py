@@ -1,5 +1,6 @@
 """A server with two API keys and the suffix drafter: what one key's requests teach the
-drafter drafts for that key's later requests, never for the other key's."""
+drafter drafts for that key's later requests, never for the other key's; a prompt prefix the
+target's cache holds is reused for the same key only."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ def test_each_key_drafts_from_its_own_requests_only(two_keys):
     assert spec[1]["accepted"] > spec[0]["accepted"]
     assert spec[1]["accepted"] >= 0.9 * spec[1]["offered"]
     assert (spec[2]["offered"], spec[2]["accepted"]) == (spec[0]["offered"], spec[0]["accepted"])
+    # The target's cache keeps keys apart too: the repeat reads its prompt from the cache the
+    # first request left, the other key's request computes all of it.
+    cached = [response["usage"]["prompt_tokens_details"]["cached_tokens"] for response in (first, again, other)]
+    assert cached == [0, first["usage"]["prompt_tokens"] - 1, 0]
 
 
 def test_either_key_opens_the_routes_and_others_do_not(two_keys):

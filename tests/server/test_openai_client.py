@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -67,6 +68,37 @@ def test_chat_completion(client, server):
     assert choice.finish_reason in ("stop", "length")
     assert 1 <= response.usage.completion_tokens <= 8
     speculative_block(response.usage)
+
+
+def test_a_second_turn_reads_the_first_from_the_cache(client, server, chat_dir):
+    # The server keeps a finished request's positions: the next turn of the conversation
+    # carries the first turn's prompt and answer, computes only what is new, and says how
+    # many prompt tokens it read from the cache (OpenAI's usage.prompt_tokens_details).
+    # Behind replicas (``test_replicas`` runs this too) each engine has its own cache: a turn
+    # answered by the other replica finds there only what that one holds.
+    from verispec.api import load_engine
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat sat on the"}]
+    asked = {"model": server.model, "max_completion_tokens": 10, "temperature": 0}
+    raw = client.chat.completions.with_raw_response.create(messages=messages, **asked)
+    first, first_replica = raw.parse(), raw.headers.get("x-verispec-replica")
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and then?"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(messages=messages, **asked)
+    second, second_replica = raw.parse(), raw.headers.get("x-verispec-replica")
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 <= cached < second.usage.prompt_tokens
+    if first_replica == second_replica:  # one engine (None: no replicas)
+        assert cached >= first.usage.prompt_tokens
+    assert speculative_block(second.usage)["cached_prompt_tokens"] == cached
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    (total,) = [line for line in metrics.splitlines() if line.startswith("verispec_cached_prompt_tokens_total ")]
+    assert float(total.split()[1]) >= cached
+    engine = load_engine(str(chat_dir), dtype="float32", device="cpu")  # a cold engine: nothing cached
+    local = engine.generate(messages, max_tokens=10, temperature=0)
+    assert local.stats.cached_prompt_tokens == 0 and second.choices[0].message.content == local.text
 
 
 def test_streaming_completion_equals_the_non_streaming_one(client, server):

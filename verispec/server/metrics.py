@@ -53,6 +53,11 @@ class Metrics:
         )
         # Generations count whatever they ran, also those aborted part-way (a client that left).
         self.prompt_tokens = Counter("verispec_prompt_tokens", "prompt tokens of prefilled generations", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "verispec_cached_prompt_tokens",
+            "prompt tokens a prefill kept from the cache an earlier request left (prefix reuse; not computed)",
+            registry=r,
+        )
         self.generated_tokens = Counter(
             "verispec_generated_tokens", "tokens generated, by finished and aborted generations", registry=r
         )
@@ -145,6 +150,7 @@ class Metrics:
         if stats.prompt_tokens > 0:  # the prefill ran (a generation stopped early may not have got there)
             self.prefill.observe(stats.prefill_seconds)
         self.prompt_tokens.inc(prompt_tokens)
+        self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
         self.generated_tokens.inc(completion_tokens)
         self.rounds.inc(stats.rounds)
         self.offered.inc(stats.offered)

@@ -36,6 +36,7 @@ def usage(result: Generation) -> schemas.Usage:
         prompt_tokens=result.prompt_tokens,
         completion_tokens=completion,
         total_tokens=result.prompt_tokens + completion,
+        prompt_tokens_details=schemas.PromptTokensDetails(cached_tokens=result.stats.cached_prompt_tokens),
         speculative=_json_safe(speculative),
     )
 

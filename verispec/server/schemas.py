@@ -204,10 +204,15 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens read from the cache an earlier request left (not computed)")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     speculative: dict[str, Any] = Field(
         description="the request's speculative statistics: rounds, offered, accepted, acceptance_rate, "
         "tokens_per_round, per_position_acceptance, bonus_shortfall and more (terms as in design.md)"

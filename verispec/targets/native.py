@@ -17,6 +17,16 @@ passes of several sequences as one forward pass (continuous batching: the engine
 scheduler). Rows stay bit-identical to single steps whatever shares their pass: the
 self-test checks it across two sequences too.
 
+Prefix reuse: ``reset`` ends a request but leaves its positions in the sequence's cache, and
+the next ``prefill`` keeps the longest prefix the new prompt shares with what the cache holds
+(a system prompt, the earlier turns of a chat, a file the request edits again) and computes
+only the rest, as llama.cpp's server and vLLM's prefix caching do. It is exact: a position's
+keys and values are the same bits whatever pass computed them (a prefill chunk, a verify
+pass, a single step), which the self-test checks at load (``prefix_reuse_exact``); where it
+fails, every prefill starts afresh. ``drop_cache`` forgets what the cache holds (the bench
+starts each run cold), and a scheduler picks, for a new request, the free sequence holding
+the longest prefix of its prompt (``shared_prefix``).
+
 Trees: ``verify_tree(ids, parents)`` verifies a token tree of one sequence in one pass (see
 ``native_tree``), each row bit-identical to the single step plain decoding would run along
 its path; ``keep_path(path)`` then keeps the accepted path in the cache. The self-test checks
@@ -120,6 +130,11 @@ class NativeTarget:
         self.load_seconds = time.perf_counter() - start
         # Per sequence: cached positions, the hidden states it captures and its last ones.
         self._lengths = [0] * slots
+        # Per sequence: the tokens whose keys and values its cache holds, position by position
+        # (the request's first ``_lengths``, then what a reset left for the next prefill), and
+        # how many positions the last prefill kept.
+        self._held: list[list[int]] = [[] for _ in range(slots)]
+        self._reused = [0] * slots
         self._captures: list[HiddenCapture | None] = [None] * slots
         self._hidden: list[torch.Tensor | None] = [None] * slots
         self._trees: list[TreeRound | None] = [None] * slots  # a tree pass whose path is not yet kept
@@ -129,6 +144,7 @@ class NativeTarget:
         self._draft_heads: dict[str, Any] = {}  # kernels matrices of draft vocabularies' LM head rows
         self._fingerprint: str | None = None
         self.tree_verify_exact = False  # set by the self-test
+        self.prefix_reuse_exact = False  # set by the self-test
         self.batched_verify_exact = self.self_test()
         if not self.batched_verify_exact:
             warnings.warn(
@@ -188,6 +204,21 @@ class NativeTarget:
 
     def reset(self) -> None:
         self._reset(0)
+
+    @property
+    def reused_tokens(self) -> int:
+        """Positions the last prefill kept from what the cache held (prefix reuse)."""
+        return self._reused[0]
+
+    def drop_cache(self) -> None:
+        """Reset every sequence and forget what a later prefill could reuse: the next request
+        on any of them starts cold."""
+        for slot in range(self.slots):
+            self._drop(slot)
+
+    def shared_prefix(self, token_ids: Sequence[int]) -> int:
+        """How many leading positions of ``token_ids`` a prefill would keep (see the module)."""
+        return self._shared_prefix(0, token_ids)
 
     def prefill(self, token_ids: Sequence[int]) -> None:
         for _ in self.prefill_chunks(token_ids):
@@ -252,7 +283,7 @@ class NativeTarget:
         row = logit_row = 0
         for p in passes:
             slot, count = p.sequence.slot, len(p.ids)
-            self._lengths[slot] += count
+            self._wrote(slot, self._lengths[slot], p.ids)
             capture = self._captures[slot]
             if capture is not None and hidden is not None:
                 width = self.hidden_size  # this sequence's layers, out of the pass's union of layers
@@ -285,11 +316,45 @@ class NativeTarget:
         # A capturing sequence starts with no states (an empty prefill leaves it so).
         self._hidden[slot] = None if capture is None else torch.zeros(0, len(capture.layers) * self.hidden_size)
 
-    def _prefill_chunks(self, slot: int, token_ids: Sequence[int]) -> Iterator[int]:
+    def _drop(self, slot: int) -> None:
         self._reset(slot)
+        self._held[slot] = []
+
+    def _wrote(self, slot: int, start: int, ids: Sequence[int]) -> None:
+        """Positions ``start``.. now hold ``ids`` and the sequence ends after them: later ones
+        were computed after other tokens, so they are no longer anyone's prefix."""
+        held = self._held[slot]
+        del held[start:]
+        held.extend(ids)
+        self._lengths[slot] = len(held)
+
+    def _shared_prefix(self, slot: int, token_ids: Sequence[int]) -> int:
+        if not self.prefix_reuse_exact:
+            return 0
+        kept = 0
+        for held, token in zip(self._held[slot], token_ids, strict=False):
+            if held != token:
+                break
+            kept += 1
+        capture = self._captures[slot]
+        if capture is not None:  # its last prefill_rows positions are computed, for their states
+            kept = min(kept, max(0, len(token_ids) - capture.prefill_rows))
+        return kept
+
+    def _reuse(self, slot: int, token_ids: Sequence[int]) -> int:
+        """Start a prefill of ``token_ids``: reset, keep the prefix the cache holds, return its
+        length (the positions left to compute start there)."""
+        kept = self._shared_prefix(slot, token_ids)
+        self._reset(slot)
+        del self._held[slot][kept:]
+        self._lengths[slot] = self._reused[slot] = kept
+        return kept
+
+    def _prefill_chunks(self, slot: int, token_ids: Sequence[int]) -> Iterator[int]:
         ids = list(token_ids)
-        self._check_room(slot, len(ids))
-        for start in range(0, len(ids), PREFILL_CHUNK):
+        kept = self._reuse(slot, ids)
+        self._check_room(slot, len(ids) - kept)
+        for start in range(kept, len(ids), PREFILL_CHUNK):
             _, hidden = self._forward(slot, ids[start : start + PREFILL_CHUNK], logits=False)
             if hidden is not None:
                 self._keep_hidden(slot, hidden, prefill=True)
@@ -330,6 +395,7 @@ class NativeTarget:
         if not 0 <= length <= self._lengths[slot]:
             raise TargetError(f"cannot roll back to {length}: the cache holds {self._lengths[slot]} positions")
         self._lengths[slot] = length  # the cache is written in place: the next pass overwrites the rest
+        del self._held[slot][length:]
         self._trees[slot] = None
 
     def _verify_tree(self, slot: int, token_ids: Sequence[int], parents: Sequence[int]) -> Logits:
@@ -351,7 +417,7 @@ class NativeTarget:
                 if (states := self._hidden[slot]) is not None:
                     hidden = states.new_empty(len(ids), states.shape[1]) if hidden is None else hidden
                     hidden[rows] = states
-        self._lengths[slot] = start + 1
+        self._wrote(slot, start, ids[:1])  # the tree's other rows are not a sequence yet
         self._hidden[slot] = hidden
         self._trees[slot] = TreeRound(start, par, ids, plain_path, hidden)
         out: Logits = logits.numpy()
@@ -367,7 +433,7 @@ class NativeTarget:
         elif tree.plain_path[: len(nodes)] != nodes:  # the fallback cached another path: run this one
             self._lengths[slot] = tree.start
             self._verify(slot, path_ids(tree.ids, nodes))
-        self._lengths[slot] = tree.start + 1 + len(nodes)
+        self._wrote(slot, tree.start, path_ids(tree.ids, nodes))
         self._hidden[slot] = None if tree.hidden is None else tree.hidden[[0] + [node + 1 for node in nodes]]
         self._trees[slot] = None
 
@@ -376,8 +442,9 @@ class NativeTarget:
         load on synthetic contexts (token ids spread over the vocabulary), short and past
         1,024 keys; with several sequences, also in one pass with another sequence's rows.
         On the same contexts it checks a tree pass and a kept path against single steps
-        and sets ``tree_verify_exact``."""
-        exact = tree_exact = True
+        and sets ``tree_verify_exact``, and a context cached in passes of other shapes
+        against one prefill of it, setting ``prefix_reuse_exact``."""
+        exact = tree_exact = reuse_exact = True
         captures, self._captures = self._captures, [None] * self.slots
         for context in sorted({min(c, self._context - max(rows)) for c in contexts}):
             ids = [(7919 * i + 11) % self.vocab_size for i in range(context + max(rows))]
@@ -401,10 +468,32 @@ class NativeTarget:
                 assert block is not None
                 exact = exact and all(torch.equal(block[i], single[i][0]) for i in range(max(rows)))  # type: ignore[index]
                 self._reset(1)
+            reuse_exact = reuse_exact and self._reuse_exact(context, ids, single[0][0])  # type: ignore[index]
         self._captures = captures
-        self._reset(0)
+        for slot in range(self.slots):
+            self._drop(slot)
         self.tree_verify_exact = tree_exact
+        self.prefix_reuse_exact = exact and reuse_exact
         return exact
+
+    def _reuse_exact(self, context: int, ids: list[int], expected: torch.Tensor) -> bool:
+        """Part of the self-test: the step after ``context`` positions cached in passes of
+        other shapes (a prefill chunk, verify passes of several sizes, single steps, a short
+        chunk) against ``expected``, the step after one prefill of them: a kept prefix is then
+        what a fresh prefill would have cached."""
+        self._reset(0)
+        position = context // 2
+        self._forward(0, ids[:position], logits=False)
+        for size in (5, 1, 9, 2, 1, 3):
+            if position + size > context:
+                break
+            self._forward(0, ids[position : position + size], logits=True)
+            position += size
+        if position < context:
+            self._forward(0, ids[position:context], logits=False)
+        step, _ = self._forward(0, [ids[context]], logits=True)
+        assert step is not None
+        return torch.equal(step[0], expected)
 
     def _tree_exact(self, context: int, ids: list[int], parents: tuple[int, ...] = (-1, -1, 0, 0, 1)) -> bool:
         """Part of the self-test: a tree pass over ``ids`` after ``context`` cached positions
@@ -422,7 +511,7 @@ class NativeTarget:
         assert tree is not None and follow is not None
         exact = all(torch.equal(tree[row], single[row]) for row in range(len(tree_ids)))
         self.decoder.keep_path(context, path, 0)
-        self._lengths[0] = context + 1 + len(path)
+        self._wrote(0, context, path_ids(tree_ids, path))
         kept = self._forward(0, [after], logits=True)[0]
         assert kept is not None
         return exact and torch.equal(kept, follow)
@@ -437,7 +526,7 @@ class NativeTarget:
         capture = self._captures[slot]
         layers = capture.layers if capture is not None else ()
         out, hidden = self.decoder.forward(ids, self._lengths[slot], logits, layers, slot)
-        self._lengths[slot] += len(ids)
+        self._wrote(slot, self._lengths[slot], ids)
         return out, hidden
 
     # --- hidden states for trained drafters (HiddenStateTarget) --------------------------
@@ -572,6 +661,24 @@ class NativeSequence:
 
     def reset(self) -> None:
         self.owner._reset(self.slot)
+
+    @property
+    def reused_tokens(self) -> int:
+        """``NativeTarget.reused_tokens`` of this sequence."""
+        return self.owner._reused[self.slot]
+
+    def drop_cache(self) -> None:
+        """Reset this sequence and forget what a later prefill could reuse."""
+        self.owner._drop(self.slot)
+
+    def shared_prefix(self, token_ids: Sequence[int]) -> int:
+        """``NativeTarget.shared_prefix`` on this sequence."""
+        return self.owner._shared_prefix(self.slot, token_ids)
+
+    def reuse(self, token_ids: Sequence[int]) -> int:
+        """Start a prefill of ``token_ids`` as ``prefill`` does: reset, keep the longest prefix
+        the cache holds, return its length. The caller passes the rest (``run``)."""
+        return self.owner._reuse(self.slot, token_ids)
 
     def capture_hidden(self, capture: HiddenCapture | None) -> None:
         self.owner._capture_hidden(self.slot, capture)
