@@ -1,5 +1,6 @@
 """The economics governor with a simulated clock and scripted acceptance, then in the engine."""
 
+import math
 import time
 
 import numpy as np
@@ -11,9 +12,11 @@ from verispec.drafters.control import WrongDrafter
 from verispec.engine import Engine
 from verispec.governor import (
     ALWAYS_WRONG_BOUND,
+    COST_EMA,
     FIRST_BACKOFF,
     FIRST_PROBE_BUDGET,
     MEMORY_EMA,
+    PROBE_K,
     AcceptanceMemory,
     CostModel,
     Governor,
@@ -515,3 +518,34 @@ def test_under_load_k_maximises_the_batch_throughput_and_shrinks(acceptance):
     assert chosen == sorted(chosen, reverse=True) and chosen[-1] < max(chosen[0], 1)
     alone = Governor(8, model, adapt_costs=False, start=[acceptance] * 8)
     assert alone.next_k().k == chosen[0]  # no load is the formula of one request alone
+
+
+def test_a_drafter_with_state_pays_its_catch_up_in_the_round_after_a_plain_one():
+    """A head runs its layers over the positions plain rounds left it behind before drafting:
+    a round after a plain one costs that on top (here 1 step: 2.2 steps for k = 1, against
+    1.2 after a drafted round). At acceptance 0.5 drafting pays only once it is under way, so
+    the governor decodes plainly, probes (its back-off priced with the catch-up), and keeps
+    drafting from the probe on; the timings teach the catch-up apart from the tokens' price."""
+    costs = CostModel.line(1.0, 0.1, 0.1, catch_up=1.0)
+    assert costs.round_steps(1) == pytest.approx(1.2) and costs.round_steps(1, after_plain=True) == pytest.approx(2.2)
+    with pytest.raises(ValueError, match="no state to catch up"):
+        CostModel.line(1.0, 0.1, 0.1, per_proposal=True, catch_up=1.0)
+    governor = Governor(4, costs, adapt_costs=False)
+    assert governor.probe_extra_steps() == pytest.approx(0.2 + 1.0 + 0.2)  # 2 drafts, 2 rows, the catch-up
+    assert governor.first_backoff() == math.ceil(1.4 / FIRST_PROBE_BUDGET)
+    ks = []
+    for _ in range(60):
+        decision = governor.next_k()
+        ks.append(decision.k)
+        governor.observe(decision.k, min(decision.k, len(ks) % 2), 0.0, 1.0)  # position 1 right every other round
+    probe = ks.index(PROBE_K)
+    assert set(ks[:probe]) == {0} and probe == governor.first_backoff()
+    assert all(k > 0 for k in ks[probe:]), ks[probe:]
+    # Learning: a round after a plain one teaches the catch-up, one after a drafted round the tokens.
+    learner = CostModel.line(1.0, 0.1, 0.1, catch_up=1.0)
+    learner.observe_draft(2, 0.2 + 3.0, after_plain=True)
+    assert learner.catch_up_seconds == pytest.approx(1.0 + COST_EMA * 2.0) and learner.draft_seconds_per_token == 0.1
+    learner.observe_draft(2, 0.6)
+    assert learner.draft_seconds_per_token == pytest.approx(0.1 + COST_EMA * 0.2)
+    learner.observe_draft(0, 0.5, proposed=True, after_plain=True)  # asked, offered nothing: caught up all the same
+    assert learner.catch_up_seconds == pytest.approx(1.5 + COST_EMA * (0.5 - 1.5))

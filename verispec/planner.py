@@ -45,7 +45,7 @@ from verispec.tree_sizing import BranchCalibration
 
 AUTO = "auto"
 DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
-CALIBRATION_REPEATS = 3  # timed verify passes per row count when calibrating costs
+CALIBRATION_REPEATS = 5  # timed verify passes per row count (and proposals) when calibrating costs
 
 # Calibrates a drafter's costs for rounds of up to the given number of drafts.
 Calibrate = Callable[[int], CostModel]
@@ -237,36 +237,80 @@ def calibrate(
 ) -> CostModel:
     """Time verify passes of 1..k_max + 1 rows on the pending token (``context[-1]``, not yet
     in the target's cache), and the drafter's proposals (per token, or per proposal for a
-    pure drafter, whose proposal costs the same whatever k); the cache is left as it was."""
+    pure drafter, whose proposal costs the same whatever k; for a drafter that reads the
+    target's states, also its catch-up after plain rounds); the cache is left as it was.
+    Called right after the request's prefill and ``drafter.begin``.
+
+    Each repeat times every size once, then a proposal, so a slow spell of the machine (another
+    process) slows every size alike instead of one: timed size by size, three slow plain steps
+    in a row once made a head's round look 1.06 plain steps dear instead of ~1.35. Each cost is
+    the fastest of its repeats: interference only ever adds time, and a calibration is frozen
+    for reproducible requests, so one slow outlier must not price drafting out for good."""
+    scratch = np.random.default_rng(0)  # never the request's RNG
+    prompt, generated = context[:prompt_tokens], context[prompt_tokens:]
+    k = min(PROBE_K, k_max)
+    draft: list[tuple[float, int]] = []  # (seconds, tokens offered) of warm proposals
+    # Before any verify pass: the catch-up is timed from the prefill's states.
+    catch_up = _catch_up_seconds(drafter, context, prompt, params, k, scratch, draft) if k > 0 else 0.0
     timings: dict[int, float] = {}
     pending = len(context) - 1
     rows_up_to = min(k_max + 1, target.context_length - pending)
-    scratch = np.random.default_rng(0)  # never the request's RNG
-    prompt, generated = context[:prompt_tokens], context[prompt_tokens:]
-    for rows in range(1, rows_up_to + 1):
-        times = []
-        drafts = [context[-1]] * (rows - 1)
-        for _ in range(CALIBRATION_REPEATS):
+    for _ in range(CALIBRATION_REPEATS):
+        for rows in range(1, rows_up_to + 1):
+            drafts = [context[-1]] * (rows - 1)
             # A whole round's decide path: forward pass, final distributions, the rule.
             start = time.perf_counter()
             logits = target.verify([context[-1], *drafts])
             chain_verdict(logits, params, prompt, generated, drafts, None, scratch.random(2 * rows - 1))
-            times.append(time.perf_counter() - start)
+            timings[rows] = min(timings.get(rows, float("inf")), time.perf_counter() - start)
             target.rollback(pending)
-        # The fastest of the repeats: interference (another process, a collection) only ever
-        # adds time, and a calibration is frozen for reproducible requests, so one slow
-        # outlier must not price drafting out for good.
-        timings[rows] = min(times)
-    draft = 0.0
-    if k_max > 0:
-        fastest = float("inf")
-        for _ in range(CALIBRATION_REPEATS):
-            start = time.perf_counter()
-            offered = len(drafter.propose(context, min(PROBE_K, k_max), scratch).tokens)
-            fastest = min(fastest, time.perf_counter() - start)
-            drafter.observe(context, 0)
-        draft = fastest if drafter.pure_proposals else fastest / offered if offered else 0.0
-    return CostModel.from_timings(timings, draft, drafter.pure_proposals)
+        if k > 0:
+            draft.append(_timed_proposal(drafter, context, k, scratch))
+    if not draft:
+        return CostModel.from_timings(timings)
+    fastest, offered = min(draft)
+    if drafter.pure_proposals:
+        return CostModel.from_timings(timings, fastest, True)
+    per_token = fastest / offered if offered else 0.0
+    return CostModel.from_timings(timings, per_token, False, max(0.0, catch_up - offered * per_token))
+
+
+def _timed_proposal(
+    drafter: Drafter, context: Sequence[int], k: int, scratch: np.random.Generator
+) -> tuple[float, int]:
+    """(seconds, tokens offered) of one proposal of k drafts, forgotten after."""
+    start = time.perf_counter()
+    offered = len(drafter.propose(context, k, scratch).tokens)
+    seconds = time.perf_counter() - start
+    drafter.observe(context, 0)
+    return seconds, offered
+
+
+def _catch_up_seconds(
+    drafter: Drafter,
+    context: Sequence[int],
+    prompt: Sequence[int],
+    params: SamplingParams,
+    k: int,
+    scratch: np.random.Generator,
+    warm: list[tuple[float, int]],
+) -> float:
+    """The fastest of CALIBRATION_REPEATS proposals made the way a drafted round after plain
+    rounds makes them, for a drafter that reads the target's states (a trained head: its
+    window of states run through its layers first); 0 for any other. Each starts from
+    ``begin`` on the prefill's states, so the drafter catches up on a whole window: the most
+    plain rounds can leave it, and ``--k auto``'s back-off leaves it that far behind before
+    most probes. A warm proposal follows each (appended to ``warm``), timed beside it. (A draft
+    model would replay its whole prompt from ``begin``: its catch-up is learned from its
+    requests' rounds instead.)"""
+    if drafter.pure_proposals or drafter.hidden_capture is None:
+        return 0.0
+    fastest = float("inf")
+    for _ in range(CALIBRATION_REPEATS):
+        drafter.begin(prompt, params)
+        fastest = min(fastest, _timed_proposal(drafter, context, k, scratch)[0])
+        warm.append(_timed_proposal(drafter, context, k, scratch))
+    return fastest
 
 
 def chain_verdict(

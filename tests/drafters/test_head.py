@@ -11,6 +11,7 @@ from tests.drafters import trained
 from verispec.drafters import head
 from verispec.drafters.base import DrafterContext, DrafterError
 from verispec.drafters.registry import create_drafter
+from verispec.planner import CALIBRATION_REPEATS, calibrate
 from verispec.sampling import SamplingParams
 from verispec.targets.torch_target import TorchTarget
 
@@ -156,3 +157,48 @@ def test_states_after_rounds_without_drafts_sit_at_their_positions(native_engine
             assert torch.equal(drafter.feature_buffer[i], states[first + i]), first + i
     finally:
         trained.release(native_engine, drafter)
+
+
+def test_the_calibration_times_the_catch_up_of_a_whole_window(native_engine, tiny_drafters):
+    # A drafted round after plain rounds first runs the head over the positions it missed;
+    # the calibration must time that (from the prefill's states: a whole window), apart from
+    # the warm proposals that follow it, and leave the drafter where a request's first round
+    # expects it: its next proposal is the one a drafter that was never calibrated makes.
+    weights = str(tiny_drafters["head"])
+    drafter = native_engine.drafter("head", drafter_weights=weights, head_kernels="f32", fresh=True)
+    twin = native_engine.drafter("head", drafter_weights=weights, head_kernels="f32", fresh=True)
+    params = SamplingParams(temperature=0)
+    prompt = PROMPT + " on the mat" * 4  # longer than the head's window
+    window = drafter.net.config.window
+    caught_up = []  # positions each proposal ran the head over before drafting
+    propose = drafter.propose
+
+    def recording(context, k, rng):
+        last = drafter.kernel_committed  # the last position kept once the last drafts go
+        caught_up.append(min(window, len(context) - 1 - (last if last is not None else 0)))
+        return propose(context, k, rng)
+
+    drafter.propose = recording
+    try:
+        context = trained.prepared(native_engine, drafter, prompt, params)
+        assert len(context) > window + 2
+        costs = calibrate(native_engine.target, drafter, context, len(context), params, 4)
+        drafter.observe(context, 0)
+        after = propose(context, 3, np.random.default_rng(1)).tokens
+    finally:
+        del drafter.propose
+        trained.release(native_engine, drafter)
+    # A catch-up over the window from ``begin`` per repeat, each with a warm proposal (one
+    # position) beside it, then one more warm one per repeat between the verify passes.
+    n = CALIBRATION_REPEATS
+    assert caught_up == [window, 1] * n + [1] * n, caught_up
+    assert not costs.per_proposal  # (the seconds are timings: the governor's tests price them)
+    context = trained.prepared(native_engine, twin, prompt, params)
+    try:
+        assert after == twin.propose(context, 3, np.random.default_rng(1)).tokens
+        lookup = native_engine.drafter("lookup")
+        lookup.begin(context, params)
+        costs = calibrate(native_engine.target, lookup, context, len(context), params, 4)
+        assert costs.catch_up_seconds == 0.0 and costs.per_proposal  # a pure drafter has nothing to catch up
+    finally:
+        trained.release(native_engine, twin)
