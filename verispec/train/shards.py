@@ -24,6 +24,7 @@ depend on their neighbours, so an answer is the same whichever batch it was gene
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -437,9 +438,10 @@ def report_task(prompt_id: str, messages: Messages, answer: str) -> Messages | N
 
 def derived_sources() -> dict[str, Derived]:
     """The sources built on answers: ``follow-ups`` (on every first-turn source's answers),
-    ``self-instruct`` (the questions the target wrote, asked of it) and ``report-tasks``
-    (summaries of, questions on and extractions from the reports it wrote)."""
-    from verispec.train import sources
+    ``self-instruct`` (the questions the target wrote, asked of it), ``report-tasks``
+    (summaries of, questions on and extractions from the reports it wrote), and ``german`` and
+    ``de-en`` (its sentences into German and back: ``verispec.train.german``)."""
+    from verispec.train import german, sources
 
     firsts = tuple(name for name in sources.SOURCES if name != "questions")
     written = "built here on the target's own answers (see the parent sources' licences)"
@@ -456,6 +458,18 @@ def derived_sources() -> dict[str, Derived]:
             f"{sources.REPORTS_LICENCE}; passages: reports written by {sources.TARGET_MODEL}",
             ("reports",),
             report_task,
+        ),
+        "german": Derived(
+            "german",
+            f"built here on {sources.TARGET_MODEL}'s English answers (see the parent sources' licences)",
+            ("reports", "report-tasks", "self-instruct", "templates"),
+            german.german_task,
+        ),
+        "de-en": Derived(
+            "de-en",
+            f"German written by {sources.TARGET_MODEL} (the answers of ``german``), asked back into English",
+            ("german",),
+            german.de_en_task,
         ),
     }
 
@@ -532,7 +546,9 @@ def grow(
         raise ShardError(f"tokens and shard sequences must be >= 1, got {tokens}, {shard_sequences}")
     slots = int(getattr(engine.target, "slots", 1))
     scheduler = Scheduler(engine, max_running=slots, max_rows=max(256, 4 * slots))
-    decode = engine.tokenizer.decode
+    # Answers are quoted without their end-of-turn token's text, which a quoting prompt would
+    # otherwise carry into its own turn (the chat template reads it as a special token).
+    decode = functools.partial(engine.tokenizer.decode, skip_special_tokens=True)
     before = held = held_tokens(data, source.name, settings)
     done = data.covered(source.name, settings)
     todo = ((i, m) for i, m in candidates(source, data, decode) if i not in done)
