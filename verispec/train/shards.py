@@ -368,13 +368,9 @@ def _shard_states(
 # --- derived sources -------------------------------------------------------------------------
 
 
-def id_number(prompt_id: str, salt: str) -> int:
-    """A number fixed by a prompt's id (and a salt per choice), so a rerun builds the same prompts."""
-    return int.from_bytes(hashlib.sha256(f"{salt}:{prompt_id}".encode()).digest()[:4], "little")
-
-
 def _pick(prompt_id: str, options: tuple[str, ...], salt: str) -> str:
-    return options[id_number(prompt_id, salt) % len(options)]
+    digest = hashlib.sha256(f"{salt}:{prompt_id}".encode()).digest()
+    return options[int.from_bytes(digest[:4], "little") % len(options)]
 
 
 def follow_up(prompt_id: str, messages: Messages, answer: str) -> Messages | None:
