@@ -3,6 +3,7 @@ the repository so that later sessions grow it instead of starting over): complet
 the embedded model's weights, every prompt free of the Spec-Bench dev prompts' eight-word runs
 (the benchmark never enters training data), and answers of the tokens recorded."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -54,3 +55,23 @@ def test_no_committed_prompt_copies_the_dev_prompts(root):
             checked += 1
     assert checked > 1000
     assert json.loads((root / "target.json").read_text())["weights_sha256"] == EMBEDDED_WEIGHTS
+
+
+@pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
+def test_committed_translation_prompts_are_rebuilt_from_their_parents_answers(root):
+    # The derived sources choose sentence, wording and spacing by the parent's id (prompts.id_number):
+    # a rerun of `grow` must build exactly the prompts on record, or it would answer them twice.
+    from verispec.models import resolve, tokenizer_for
+    from verispec.train.shards import candidates, derived_sources
+
+    decode = functools.partial(tokenizer_for(resolve(None)).decode, skip_special_tokens=True)
+    data = DataDir(root)
+    checked = 0
+    for name in ("german", "de-en"):
+        source = derived_sources()[name]
+        rebuilt = dict(candidates(source, data, decode))
+        for info in data.select([name]):
+            for prompt_id, messages in zip(info.ids, data.messages(info), strict=True):
+                assert rebuilt[prompt_id] == messages, (name, prompt_id)
+                checked += 1
+    assert checked > 500

@@ -18,8 +18,9 @@ gets is chosen by its parent's id, so a rerun builds the same prompts.
 
 from __future__ import annotations
 
-import hashlib
 import re
+
+from verispec.train.prompts import id_number
 
 Messages = list[dict[str, str]]
 
@@ -59,10 +60,6 @@ DISTINCT = 0.6  # share of a passage's word trigrams that must be distinct
 QUOTES = "\"'“”„«»‚‘’ "
 
 
-def _number(prompt_id: str, salt: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{salt}:{prompt_id}".encode()).digest()[:4], "little")
-
-
 def english_sentences(answer: str) -> list[str]:
     """The plain prose sentences of an answer (no headings, lists or tables), 6 to 40 words."""
     found = []
@@ -83,10 +80,10 @@ def german_task(prompt_id: str, messages: Messages, answer: str) -> Messages | N
     found = english_sentences(answer)
     if not found:
         return None
-    start = _number(prompt_id, "de-sentence") % len(found)
-    count = 2 if _number(prompt_id, "de-count") % 5 < 2 else 1
+    start = id_number(prompt_id, "de-sentence") % len(found)
+    count = 2 if id_number(prompt_id, "de-count") % 5 < 2 else 1
     text = " ".join(found[start : start + count])
-    ask = GERMAN_ASKS[_number(prompt_id, "de-ask") % len(GERMAN_ASKS)]
+    ask = GERMAN_ASKS[id_number(prompt_id, "de-ask") % len(GERMAN_ASKS)]
     return [{"role": "user", "content": ask.format(text=text)}]
 
 
@@ -130,7 +127,7 @@ def de_en_task(prompt_id: str, messages: Messages, answer: str) -> Messages | No
     text = german_text(answer)
     if text is None:
         return None
-    if _number(prompt_id, "de-spacing") % 2:
+    if id_number(prompt_id, "de-spacing") % 2:
         text = spaced(text)
-    ask = DE_EN_ASKS[_number(prompt_id, "de-en-ask") % len(DE_EN_ASKS)]
+    ask = DE_EN_ASKS[id_number(prompt_id, "de-en-ask") % len(DE_EN_ASKS)]
     return [{"role": "user", "content": ask.format(text=text)}]

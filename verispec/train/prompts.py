@@ -18,6 +18,8 @@ condenses or rewrites text in its context, which first turns alone never show it
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 TOPICS = (
@@ -156,6 +158,12 @@ PASSAGE_TASKS = (
 
 Message = dict[str, str]
 Messages = list[Message]  # a conversation ending in a user turn
+
+
+def id_number(prompt_id: str, salt: str) -> int:
+    """A number fixed by a prompt's id and a salt (one per choice): how a derived prompt picks
+    its wording, so a rerun builds the same prompts. The first 4 bytes of sha256, little-endian."""
+    return int.from_bytes(hashlib.sha256(f"{salt}:{prompt_id}".encode()).digest()[:4], "little")
 
 
 def user(text: str) -> Messages:

@@ -39,7 +39,7 @@ import torch
 
 from verispec.errors import UserError
 from verispec.train.data import Corpus, encode_conversation, hidden_states, native_hidden_states
-from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS
+from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS, id_number
 
 Messages = list[dict[str, str]]
 Progress = Callable[[int, int, float], None]  # (response tokens held, tokens wanted, seconds)
@@ -369,8 +369,7 @@ def _shard_states(
 
 
 def _pick(prompt_id: str, options: tuple[str, ...], salt: str) -> str:
-    digest = hashlib.sha256(f"{salt}:{prompt_id}".encode()).digest()
-    return options[int.from_bytes(digest[:4], "little") % len(options)]
+    return options[id_number(prompt_id, salt) % len(options)]
 
 
 def follow_up(prompt_id: str, messages: Messages, answer: str) -> Messages | None:
