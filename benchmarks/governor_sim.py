@@ -14,6 +14,7 @@ It reports, per acceptance profile, the speed-up over plain decoding (tokens per
 often auto drafted, probed and backed off. Nothing is timed: the numbers are the policy's.
 
     .venv/bin/python benchmarks/governor_sim.py
+    .venv/bin/python benchmarks/governor_sim.py --memory  # start from the acceptance an engine learned
     .venv/bin/python benchmarks/governor_sim.py --profile 0.45,0.5,0.6 --requests 1000
 """
 
@@ -45,10 +46,14 @@ def accepted_prefix(profile: list[float], k: int, rng: np.random.Generator) -> i
     return k
 
 
-def simulate(profile: list[float], costs: CostModel, tokens: int, seed: int, fixed: int | None, k_max: int) -> Outcome:
-    """One request: ``fixed`` k every round, or the governor's choice (None)."""
+def simulate(
+    profile: list[float], costs: CostModel, tokens: int, seed: int, fixed: int | None, k_max: int, memory: bool
+) -> Outcome:
+    """One request: ``fixed`` k every round, or the governor's choice (None). ``memory``: the
+    governor starts from the profile itself, as from an engine's acceptance memory that has
+    learned it over earlier requests; else from the prior."""
     rng = np.random.default_rng(seed)
-    governor = Governor(k_max, costs, adapt_costs=False)
+    governor = Governor(k_max, costs, adapt_costs=False, start=profile if memory else ())
     out = Outcome()
     while out.tokens < tokens:
         after_plain = not governor.proposed_last
@@ -72,11 +77,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="tokens per request")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--k-max", type=int, default=8)
+    parser.add_argument("--memory", action="store_true", help="start from the true acceptance (a learned memory)")
     args = parser.parse_args()
     costs = CostModel.line(1.0, args.per_row, args.draft, False, args.catch_up)
     print(
         f"a round of k 1 costs {costs.round_steps(1):.2f} steps warm, {costs.round_steps(1, True):.2f} after a plain "
-        f"one; {args.requests} requests of {args.tokens} tokens each"
+        f"one; {args.requests} requests of {args.tokens} tokens each, starting from "
+        + ("the true acceptance" if args.memory else "the prior")
     )
     print("| acceptance by position | auto | fixed k 1 | fixed k 2 | auto: drafted rounds / probes per request |")
     print("|---|---|---|---|---|")
@@ -84,7 +91,10 @@ def main() -> None:
         profile = [float(x) for x in text.split(",")]
         speed = {}
         for name, fixed in (("auto", None), ("k1", 1), ("k2", 2)):
-            runs = [simulate(profile, costs, args.tokens, seed, fixed, args.k_max) for seed in range(args.requests)]
+            runs = [
+                simulate(profile, costs, args.tokens, seed, fixed, args.k_max, args.memory)
+                for seed in range(args.requests)
+            ]
             speed[name] = float(np.mean([r.tokens / r.steps for r in runs]))
             if fixed is None:
                 drafted = np.mean([r.drafted for r in runs])

@@ -16,7 +16,9 @@ from verispec.governor import (
     FIRST_BACKOFF,
     FIRST_PROBE_BUDGET,
     MEMORY_EMA,
+    MEMORY_ROUNDS,
     PROBE_K,
+    REQUEST_FORGET,
     AcceptanceMemory,
     CostModel,
     Governor,
@@ -234,6 +236,36 @@ def test_a_start_from_memory_drafts_a_known_good_drafter_from_the_first_round():
     assert first[(0.9,)] > first[()] > 0 and first[(0.0,)] == 0
     with pytest.raises(ValueError, match="probabilities"):
         Governor(8, model, start=[1.5])
+
+
+def test_a_probing_governor_pools_the_memory_with_the_requests_rounds():
+    """A dear drafter (probing, no shadows) that starts from a memory of 0.45 at position 1,
+    where a k 1 round costs 1.2 steps (break-even 0.24 with the margin): three misses in a row
+    leave the pooled estimate at (10 x 0.45) / (10 + 2.91) = 0.35, still drafting, where a
+    moving average from the start fell to 0.23 at the first miss. A drafter the memory
+    misjudges, wrong every round of this request, still stops within a dozen rounds. A
+    shadowing governor keeps the moving average."""
+    model = CostModel.line(1.0, 0.1, 0.1)
+    governor = Governor(8, model, adapt_costs=False, start=[0.45])
+    for _ in range(3):
+        assert governor.next_k().k > 0
+        governor.observe(1, 0, 0.0, 1.0)
+    rounds = sum(REQUEST_FORGET**i for i in range(3))
+    assert governor.estimates().acceptance[0] == pytest.approx(MEMORY_ROUNDS * 0.45 / (MEMORY_ROUNDS + rounds))
+    assert governor.next_k().k > 0
+    governor.observe(1, 1, 0.0, 1.0)  # a hit counts as one round too, the older ones discounted
+    hits, rounds = 1.0, REQUEST_FORGET * rounds + 1.0
+    assert governor.estimates().acceptance[0] == pytest.approx((MEMORY_ROUNDS * 0.45 + hits) / (MEMORY_ROUNDS + rounds))
+    misjudged = Governor(8, model, adapt_costs=False, start=[0.45])
+    drafted = 0
+    while (k := misjudged.next_k().k) > 0:
+        drafted += 1
+        misjudged.observe(k, 0, 0.0, 1.0)
+    assert 5 <= drafted <= 12, drafted
+    shadowing = Governor(8, model, adapt_costs=False, shadow=True, start=[0.45])
+    shadowing.next_k()
+    shadowing.observe_shadow(0.0)
+    assert shadowing.estimates().acceptance[0] == pytest.approx(0.45 / 2)  # the start counts as one round
 
 
 def test_acceptance_memory_learns_position_one_of_finished_requests():
@@ -523,24 +555,39 @@ def test_under_load_k_maximises_the_batch_throughput_and_shrinks(acceptance):
 def test_a_drafter_with_state_pays_its_catch_up_in_the_round_after_a_plain_one():
     """A head runs its layers over the positions plain rounds left it behind before drafting:
     a round after a plain one costs that on top (here 1 step: 2.2 steps for k = 1, against
-    1.2 after a drafted round). At acceptance 0.5 drafting pays only once it is under way, so
-    the governor decodes plainly, probes (its back-off priced with the catch-up), and keeps
-    drafting from the probe on; the timings teach the catch-up apart from the tokens' price."""
+    1.2 after a drafted round). From the prior, at acceptance 0.5 drafting pays only once it
+    is under way, so the governor decodes plainly, probes (its back-off priced with the
+    catch-up), and keeps drafting from the probe on. Started from a memory of 0.5, it drafts
+    from the first round: the stretch pays the catch-up once (1.5 tokens for 1.2 steps a
+    round); when the drafter stops paying, the back-off before the probe is priced with it.
+    The timings teach the catch-up apart from the tokens' price."""
     costs = CostModel.line(1.0, 0.1, 0.1, catch_up=1.0)
     assert costs.round_steps(1) == pytest.approx(1.2) and costs.round_steps(1, after_plain=True) == pytest.approx(2.2)
     with pytest.raises(ValueError, match="no state to catch up"):
         CostModel.line(1.0, 0.1, 0.1, per_proposal=True, catch_up=1.0)
-    governor = Governor(4, costs, adapt_costs=False)
-    assert governor.probe_extra_steps() == pytest.approx(0.2 + 1.0 + 0.2)  # 2 drafts, 2 rows, the catch-up
-    assert governor.first_backoff() == math.ceil(1.4 / FIRST_PROBE_BUDGET)
-    ks = []
-    for _ in range(60):
-        decision = governor.next_k()
-        ks.append(decision.k)
-        governor.observe(decision.k, min(decision.k, len(ks) % 2), 0.0, 1.0)  # position 1 right every other round
-    probe = ks.index(PROBE_K)
-    assert set(ks[:probe]) == {0} and probe == governor.first_backoff()
-    assert all(k > 0 for k in ks[probe:]), ks[probe:]
+    prior, remembered = Governor(4, costs, adapt_costs=False), Governor(4, costs, adapt_costs=False, start=[0.5])
+    assert prior.probe_extra_steps() == pytest.approx(0.2 + 1.0 + 0.2)  # 2 drafts, 2 rows, the catch-up
+    assert prior.first_backoff() == remembered.first_backoff() == math.ceil(1.4 / FIRST_PROBE_BUDGET)
+    ks: dict[Governor, list[int]] = {prior: [], remembered: []}
+    for governor, chosen in ks.items():
+        for _ in range(60):
+            decision = governor.next_k()
+            chosen.append(decision.k)
+            governor.observe(decision.k, min(decision.k, len(chosen) % 2), 0.0, 1.0)  # right every other round
+    probe = ks[prior].index(PROBE_K)
+    assert set(ks[prior][:probe]) == {0} and probe == prior.first_backoff()
+    assert all(k > 0 for k in ks[prior][probe:]), ks[prior][probe:]
+    assert all(k > 0 for k in ks[remembered]), ks[remembered]
+    chosen = ks[remembered]
+    for _ in range(3 * remembered.first_backoff()):  # now always wrong
+        decision = remembered.next_k()
+        chosen.append(decision.k)
+        remembered.observe(decision.k, 0, 0.0, 1.0)
+    stop = chosen.index(0)
+    probe = chosen.index(PROBE_K, stop)
+    # The pooled estimate turns only as the ~33 rounds the request remembers (REQUEST_FORGET)
+    # turn: here ~35 rounds, at 0.2 of a step each; a drafter wrong from the start stops sooner.
+    assert 60 < stop <= 100 and set(chosen[stop:probe]) == {0} and probe - stop == remembered.first_backoff()
     # Learning: a round after a plain one teaches the catch-up, one after a drafted round the tokens.
     learner = CostModel.line(1.0, 0.1, 0.1, catch_up=1.0)
     learner.observe_draft(2, 0.2 + 3.0, after_plain=True)

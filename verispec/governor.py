@@ -65,14 +65,18 @@ the first drafted round after plain rounds first runs it over the positions it m
 over its window of 64 target states: ~5 ms against ~1.2 ms for a drafted round that follows a
 drafted one, on 2 Zen 4 cores). ``CostModel.catch_up_seconds`` prices that surcharge, paid by a
 drafted round that follows a plain one (and by every probe); ``draft_seconds_per_token`` is
-then what a drafted round costs after another. Priced per token alone, the surcharge was
-spread over every k and hidden from the calibration (warm proposals on one context): seeded
-T = 1 requests, which keep the calibrated costs, priced a head's round at 1.30 plain steps
-against the 1.6-2.0 they paid drafting now and then, and ran `--k auto` at 0.82-0.89x of plain.
+then what a drafted round costs after another. A stretch of drafted rounds pays it once, so
+a governor started from a memory chooses k on rounds priced without it; the back-off before a
+probe is priced with it. Priced
+per token alone, the surcharge was spread over every k and hidden from the calibration (warm
+proposals on one context): seeded T = 1 requests, which keep the calibrated costs, priced a
+head's round at 1.30 plain steps against the 1.6-2.0 they paid drafting now and then, and
+ran `--k auto` at 0.82-0.89x of plain.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
 recent requests, and a request's estimate there starts from it instead of the prior
-(counting as one observation, so the request's own rounds soon outweigh it). A drafter known
+(counting as one observation, so the request's own rounds soon outweigh it; for a probing
+governor, as MEMORY_ROUNDS of them, pooled with the request's own: see there). A drafter known
 to be wrong then drafts nothing at the start of the next request (from the prior it drafted
 up to 10 rounds before its estimate fell), and one known to be right drafts from the start.
 
@@ -140,6 +144,17 @@ ALWAYS_WRONG_BOUND = 16
 # Weight of the newest request's acceptance in the memory the next one starts from: about
 # the last two or three requests, so a mixed workload moves it without whipsawing.
 MEMORY_EMA = 0.5
+# A probing governor (a dear drafter: a trained head, a draft model) that starts from the
+# memory pools it with the request's own rounds at position 1: the memory counts as
+# MEMORY_ROUNDS of them, and each older round of the request weighs REQUEST_FORGET times the
+# next (~30 rounds remembered). Such a drafter is examined only in the rounds it drafts, and a
+# 5-round moving average of them is too noisy to decide on near break-even: at a true 0.45 it
+# wanders by ~0.17 and fell below a k 1 round's break-even (0.35) every few rounds, each
+# time backing off for tens of rounds (`benchmarks/governor_sim.py`: 1.00x of plain where a
+# fixed k 1 made 1.10x; pooled, 1.07x). Shadowing governors keep the moving average: fresh
+# evidence every round, and prompt lookup's acceptance comes in bursts.
+MEMORY_ROUNDS = 10.0
+REQUEST_FORGET = 0.97
 
 
 @dataclass
@@ -302,12 +317,16 @@ class Decision:
 class Estimates:
     """Moving acceptance estimates per draft position, for the proposals of one source."""
 
-    def __init__(self, start: Sequence[float] = ()) -> None:
+    def __init__(self, start: Sequence[float] = (), pooled: bool = False) -> None:
+        """``pooled``: position 1's start is a memory of earlier requests, pooled with this
+        request's rounds (MEMORY_ROUNDS) instead of moved away from by a moving average."""
         if any(not 0.0 <= a <= 1.0 for a in start):
             raise ValueError(f"start acceptances are probabilities, got {list(start)}")
         self.acceptance: list[float] = list(start)  # moving estimate per draft position
         self.observed: list[int] = [0] * len(start)  # rounds that examined each position
         self.first_hits = 0.0  # summed outcomes at position 1 (shadows included)
+        self.memory = start[0] if pooled and start else None
+        self.recent = (0.0, 0.0)  # position 1: (hits, rounds) of this request, older ones discounted
 
     def expected(self, k: int) -> list[float]:
         """Acceptance at positions 1..k; a position never examined takes the one before it."""
@@ -327,6 +346,12 @@ class Estimates:
         self.observed[i] += 1
         if i == 0:
             self.first_hits += hit
+            if self.memory is not None:
+                hits, rounds = self.recent
+                self.recent = (REQUEST_FORGET * hits + hit, REQUEST_FORGET * rounds + 1.0)
+                pooled_hits = MEMORY_ROUNDS * self.memory + self.recent[0]
+                self.acceptance[0] = pooled_hits / (MEMORY_ROUNDS + self.recent[1])
+                return
         step = max(weight, 1.0 / (self.observed[i] + 1)) if i == 0 else weight
         self.acceptance[i] += step * (hit - self.acceptance[i])
 
@@ -372,9 +397,12 @@ class Governor:
         self.adapt_costs = adapt_costs
         self.shadow = shadow
         starts = dict(start) if isinstance(start, Mapping) else {None: start}
-        self.sources: dict[Source, Estimates] = {source: Estimates(values) for source, values in starts.items()}
+        self.sources: dict[Source, Estimates] = {
+            source: Estimates(values, pooled=not shadow) for source, values in starts.items()
+        }
         # A source not seen yet starts where the memory's pooled estimate (key None) does.
         self._default_start = tuple(starts.get(None, ()))
+        self.remembered = any(len(values) > 0 for values in starts.values())  # started from a memory
         self.current: Source = None  # the source of the round being decided
         self.backoff = self.first_backoff()
         self.plain_left = 0  # plain rounds left in the current back-off
@@ -391,7 +419,7 @@ class Governor:
 
     def estimates(self, source: Source = None) -> Estimates:
         if source not in self.sources:
-            self.sources[source] = Estimates(self._default_start)
+            self.sources[source] = Estimates(self._default_start, pooled=not self.shadow)
         return self.sources[source]
 
     def best(self) -> Decision:
@@ -414,10 +442,18 @@ class Governor:
         return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
 
     def _round_seconds(self, k: int) -> float:
-        """A round of k drafts in this batch. A shadowing governor decides with the proposal
-        in hand: its time is spent whatever k is, so it does not count."""
+        """A round of k drafts in this batch. ``best`` decides after a plain round only at a
+        request's start. Started from a memory, it prices the round as a stretch of drafted
+        rounds costs it: without the catch-up, which the stretch pays once (priced with it, a
+        head's k 1 round cost 1.8 plain steps instead of 1.3, and no drafter short of ~0.86 at
+        position 1 drafted before its first probe, tens of rounds in). Started from the prior,
+        a stretch may end at its first round, so that round carries the catch-up. A shadowing
+        governor decides with the proposal in hand: its time is spent whatever k is."""
         costs = self.costs
-        drafting = k * costs.draft_seconds_per_token if self.shadow else costs.draft_seconds(k, not self.proposed_last)
+        if self.shadow:
+            drafting = k * costs.draft_seconds_per_token
+        else:
+            drafting = costs.draft_seconds(k, after_plain=not (self.proposed_last or self.remembered))
         return drafting + costs.verify(self.load.rows + 1 + k)
 
     @staticmethod
