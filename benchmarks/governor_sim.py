@@ -11,7 +11,7 @@ sampled request), so the only randomness is the drafter's.
 
 It reports, per acceptance profile, the speed-up over plain decoding (tokens per step) of
 `--k auto` and of fixed k 1 and 2 over ``--requests`` requests of ``--tokens`` tokens, and how
-often auto drafted, probed and backed off. Nothing is timed: the numbers are the policy's.
+many rounds a request auto drafted and probed. Nothing is timed: the numbers are the policy's.
 
     .venv/bin/python benchmarks/governor_sim.py
     .venv/bin/python benchmarks/governor_sim.py --memory  # start from the acceptance an engine learned
@@ -36,7 +36,6 @@ class Outcome:
     steps: float = 0.0
     drafted: int = 0  # rounds that drafted (probes included)
     probes: int = 0
-    rounds: int = 0
 
 
 def accepted_prefix(profile: list[float], k: int, rng: np.random.Generator) -> int:
@@ -62,7 +61,6 @@ def simulate(
         out.steps += costs.round_steps(k, after_plain) if k else 1.0
         governor.observe(k, accepted, 0.0, 1.0)
         out.tokens += accepted + 1
-        out.rounds += 1
         out.drafted += int(k > 0)
     out.probes = governor.probes
     return out

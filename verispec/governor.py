@@ -67,11 +67,10 @@ drafted one, on 2 Zen 4 cores). ``CostModel.catch_up_seconds`` prices that surch
 drafted round that follows a plain one (and by every probe); ``draft_seconds_per_token`` is
 then what a drafted round costs after another. A stretch of drafted rounds pays it once, so
 a governor started from a memory chooses k on rounds priced without it; the back-off before a
-probe is priced with it. Priced
-per token alone, the surcharge was spread over every k and hidden from the calibration (warm
-proposals on one context): seeded T = 1 requests, which keep the calibrated costs, priced a
-head's round at 1.30 plain steps against the 1.6-2.0 they paid drafting now and then, and
-ran `--k auto` at 0.82-0.89x of plain.
+probe is priced with it. Priced per token alone, the surcharge was spread over every k and
+hidden from the calibration (warm proposals on one context): seeded T = 1 requests, which
+keep the calibrated costs, priced a head's round at 1.30 plain steps against the 1.6-2.0 they
+paid drafting now and then, and ran `--k auto` at 0.82-0.89x of plain.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
 recent requests, and a request's estimate there starts from it instead of the prior
@@ -147,12 +146,13 @@ MEMORY_EMA = 0.5
 # A probing governor (a dear drafter: a trained head, a draft model) that starts from the
 # memory pools it with the request's own rounds at position 1: the memory counts as
 # MEMORY_ROUNDS of them, and each older round of the request weighs REQUEST_FORGET times the
-# next (~30 rounds remembered). Such a drafter is examined only in the rounds it drafts, and a
-# 5-round moving average of them is too noisy to decide on near break-even: at a true 0.45 it
-# wanders by ~0.17 and fell below a k 1 round's break-even (0.35) every few rounds, each
-# time backing off for tens of rounds (`benchmarks/governor_sim.py`: 1.00x of plain where a
-# fixed k 1 made 1.10x; pooled, 1.07x). Shadowing governors keep the moving average: fresh
-# evidence every round, and prompt lookup's acceptance comes in bursts.
+# next (~33 rounds remembered; a probe's round counts as one like any other). Such a drafter
+# is examined only in the rounds it drafts, and a 5-round moving average of them is too noisy
+# to decide on near break-even: at a true 0.45 it wanders by ~0.17 and fell below a k 1
+# round's break-even (0.35) every few rounds, each time backing off for tens of rounds
+# (`benchmarks/governor_sim.py`: 1.00x of plain where a fixed k 1 made 1.10x; pooled, 1.07x).
+# Shadowing governors keep the moving average: fresh evidence every round, and prompt
+# lookup's acceptance comes in bursts.
 MEMORY_ROUNDS = 10.0
 REQUEST_FORGET = 0.97
 
