@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import re
 
-from verispec.train.prompts import id_number
-
-Messages = list[dict[str, str]]
+from verispec.train.prompts import Messages, id_number
 
 # Sentences of an English answer worth translating: plain prose lines, 6 to 40 words.
 SENTENCE_WORDS = (6, 40)
