@@ -238,3 +238,94 @@ def test_the_greedy_tree_verdict_is_the_rules_on_each_rows_own_history(params):
         assert verdict == accept_tree(rows, parents, tokens, None, u)
         for token in range(6):
             assert shadow(Draft([token])) == row_acceptance(rows[0])(Draft([token]))
+
+
+class BranchingDrafter(TreeDrafter):
+    """A dear drafter (probing governor) offering 3 candidates a drafted position, as a trained
+    head with ``branches`` 3 does: position d's chain token 10 + d (frequency 0.5) and the
+    alternatives 20 + d (0.3) and 30 + d (0.1), listed position by position."""
+
+    name = "branching"
+    pure_proposals = False
+    branches = 3
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int]] = []
+
+    def propose(self, context, k, rng):
+        self.asked.append(("chain", k))
+        return Draft([10 + depth for depth in range(k)])
+
+    def propose_tree(self, context, k, rng):
+        self.asked.append(("tree", k))
+        tokens, parents, frequencies = [], [], []
+        for depth in range(k):
+            parent = -1 if depth == 0 else (depth - 1) * self.branches
+            for token, frequency in ((10 + depth, 0.5), (20 + depth, 0.3), (30 + depth, 0.1)):
+                tokens.append(token)
+                parents.append(parent)
+                frequencies.append(frequency)
+        return Draft(tokens, parents=parents, frequencies=frequencies)
+
+
+def _branching_request(per_row: float):
+    """A request of BranchingDrafter's: a drafted position costs 0.2 of a plain step."""
+    drafter = BranchingDrafter()
+    request = Planner().begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.01, per_row, draft=0.002))
+    return request, drafter
+
+
+def test_a_probing_governor_prices_a_trees_alternatives_as_rows_of_one_drafted_position():
+    # From the prior (0.5 a position) k 1 pays best: 1.5 tokens for 1.25 steps. Asked for its
+    # tree of one position, the drafter drafts once for its three candidates; the alternative
+    # 20 (chance 0.5 x 0.5 x 0.3 / 0.5 = 0.15 at the prior's later-child scale) adds 0.15
+    # tokens for a row at 0.05 of a step: 1.65 / 1.30 beats 1.5 / 1.25. Priced as drafted
+    # tokens (0.25 of a step each) it would not (1.65 / 1.50), nor does 30 (0.05 for a row).
+    cheap, drafter = _branching_request(0.0005)
+    plan = cheap.plan([1, 2, 3], 50, RNG)
+    assert drafter.asked == [("tree", 1)] and plan.k == 2
+    assert plan.draft.tokens == [10, 20] and plan.draft.parents == [-1, -1]
+    # Rows at 0.15 of a step: the alternative does not pay its row (1.65 / 1.50 against 1.5 /
+    # 1.35), the chain of k is verified.
+    dear, _ = _branching_request(0.0015)
+    plan = dear.plan([1, 2, 3], 50, RNG)
+    assert not plan.draft.is_tree and plan.draft.tokens == [10]
+    # A probe measures the chain of its k.
+    probing, drafter = _branching_request(0.0005)
+    probing.governor.probing = True
+    plan = probing.plan([1, 2, 3], 50, RNG)
+    assert drafter.asked == [("chain", 2)] and not plan.draft.is_tree and plan.draft.tokens == [10, 11]
+    # A fixed k counts nodes: 4 take two drafted positions (10, 20, 30, then 11).
+    fixed = Planner().begin(BranchingDrafter(), RequestStats(), lambda k_max: CostModel.line(0.01, 0.001), k=4)
+    plan = fixed.plan([1, 2, 3], 50, RNG)
+    assert fixed.drafter.asked == [("tree", 2)] and plan.draft.tokens == [10, 20, 30, 11]
+    assert plan.draft.parents == [-1, -1, -1, 0]
+    # Where passes take no trees (a scheduler's), the chain of k.
+    fixed.trees = False
+    assert fixed.plan([1, 2, 3], 50, RNG).draft.tokens == [10, 11, 12, 13]
+
+
+def test_a_tree_round_of_a_probing_governor_learns_the_cost_of_its_drafted_positions():
+    # The target takes the chain's 10 and the alternative 20 by turns; every drafted position
+    # takes 2 ms, whatever the nodes verified: that is the cost per drafted token to learn.
+    request, drafter = _branching_request(0.0005)
+    costs = request.governor.costs
+    trees = 0
+    for round_ in range(40):
+        plan = request.plan([1, 2, 3], 50, RNG)
+        depth = drafter.asked[-1][1] if plan.draft.tokens else 0
+        truth = 10 if round_ % 2 else 20
+        target_row = np.zeros(40)
+        target_row[truth] = 1.0
+        tokens = plan.draft.tokens
+        path = (
+            [tokens.index(truth)] if truth in tokens and (plan.draft.parents or [-1])[tokens.index(truth)] < 0 else []
+        )
+        trees += plan.draft.is_tree
+        offered = max(1, len(plan.draft.main_chain().tokens)) if tokens else 0
+        request.observe(
+            offered, len(path), 0.002 * depth, 0.01 + 0.0005 * len(tokens), row_acceptance(target_row),
+            path=path if plan.draft.is_tree else None,
+        )  # fmt: skip
+    assert trees > 10
+    assert costs.draft_seconds_per_token == pytest.approx(0.002, rel=0.05)

@@ -113,7 +113,7 @@ def accept_chain_rows(
     position j reads rows 0..j, and rows it never reads are never checked. The verdict and
     the uniforms used are ``accept_chain``'s (tested against it); a sampled round is spared
     the rows a rejection makes moot (each a softmax over the vocabulary, ~0.2 ms at 49k)."""
-    tokens, q, u = _checked_drafts(draft_tokens, draft_probs, uniforms, vocab)
+    tokens, q, u = checked_drafts(draft_tokens, draft_probs, uniforms, vocab)
 
     def row(i: int) -> Row:
         p = checked_rows(target_row(i), "target_probs", ndim=1)
@@ -151,7 +151,7 @@ def accept_greedy(
     verdict is ``accept_chain``'s on the one-hot rows, uniforms used included (tested
     against it), without building and checking (k + 1, V) rows (~2 ms of a 9-row round)."""
     t = checked_ids(target_tokens, "target_tokens")
-    tokens, q, u = _checked_drafts(draft_tokens, draft_probs, uniforms, vocab)
+    tokens, q, u = checked_drafts(draft_tokens, draft_probs, uniforms, vocab)
     k = tokens.shape[0]
     if t.shape[0] != k + 1:
         raise RuleInputError(f"target_tokens needs k + 1 = {k + 1} entries for {k} drafts, has {t.shape[0]}")
@@ -170,14 +170,14 @@ def checked_round(
 ) -> tuple[Row, NDArray[np.int64], Row | None, Row]:
     """The inputs of one round of ``k`` drafts (shapes as in ``accept_chain``), checked and as arrays."""
     p = checked_rows(target_probs, "target_probs", ndim=2)
-    tokens, q, u = _checked_drafts(draft_tokens, draft_probs, uniforms, p.shape[1])
+    tokens, q, u = checked_drafts(draft_tokens, draft_probs, uniforms, p.shape[1])
     k = tokens.shape[0]
     if p.shape[0] != k + 1:
         raise RuleInputError(f"target_probs needs k + 1 = {k + 1} rows for {k} drafts, has {p.shape[0]}")
     return p, tokens, q, u
 
 
-def _checked_drafts(
+def checked_drafts(
     draft_tokens: ArrayLike, draft_probs: ArrayLike | None, uniforms: ArrayLike, vocab: int
 ) -> tuple[NDArray[np.int64], Row | None, Row]:
     """A round's drafts, their rows and its uniforms (shapes as in ``accept_chain``), checked."""

@@ -39,7 +39,11 @@ drafter with ``branches`` > 1) has it sized by ``tree`` (``verispec.tree_sizing`
 main chain is valued by the acceptance per position, as a chain is; each alternative by the
 drafter's frequency, scaled by what later children actually won; the nodes kept are those
 with the most predicted tokens per second at the measured cost of rows. Where alternatives
-do not pay for their rows, the round verifies the chain the governor would have chosen.
+do not pay for their rows, the round verifies the chain the governor would have chosen. A
+probing governor's drafter (a trained head with ``draft_branches`` > 1) is asked for its
+tree of the k that ``next_k`` chose; its drafted positions are priced as drafted, and each
+alternative as the verify row it adds (it comes from the same drafter call). Probes verify
+chains: they measure the chain's acceptance.
 
 Batches: where requests share forward passes (``verispec.scheduler``), a request's drafts
 are rows every request of the pass waits for. With ``load`` (the other requests' rows in the
@@ -441,20 +445,22 @@ class Governor:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= MIN_GAIN else Decision(0, 1.0)
 
-    def _round_seconds(self, k: int) -> float:
+    def _round_seconds(self, k: int, rows: int | None = None) -> float:
         """A round of k drafts in this batch. ``best`` decides after a plain round only at a
         request's start. Started from a memory, it prices the round as a stretch of drafted
         rounds costs it: without the catch-up, which the stretch pays once (priced with it, a
         head's k 1 round cost 1.8 plain steps instead of 1.3, and no drafter short of ~0.86 at
         position 1 drafted before its first probe, tens of rounds in). Started from the prior,
         a stretch may end at its first round, so that round carries the catch-up. A shadowing
-        governor decides with the proposal in hand: its time is spent whatever k is."""
+        governor decides with the proposal in hand: its time is spent whatever k is. ``rows``:
+        the drafted rows verified where they are not the k drafted (a tree: k positions drafted,
+        ``rows`` nodes)."""
         costs = self.costs
         if self.shadow:
             drafting = k * costs.draft_seconds_per_token
         else:
             drafting = costs.draft_seconds(k, after_plain=not (self.proposed_last or self.remembered))
-        return drafting + costs.verify(self.load.rows + 1 + k)
+        return drafting + costs.verify(self.load.rows + 1 + (k if rows is None else rows))
 
     @staticmethod
     def can_shadow(costs: CostModel) -> bool:
@@ -491,22 +497,29 @@ class Governor:
             self.backoff = self.first_backoff()
         return decision
 
-    def tree(self, parents: Sequence[int], frequencies: Sequence[float], source: Source = None) -> TreeChoice:
+    def tree(
+        self, parents: Sequence[int], frequencies: Sequence[float], source: Source = None, drafted: int | None = None
+    ) -> TreeChoice:
         """Which nodes of a proposed tree the next round verifies (``verispec.tree_sizing``):
         the main chain valued by this source's acceptance per position, as ``best`` values a
         chain; the alternatives by the drafter's frequencies and the measured later-child
         scale; the set with the most predicted tokens per second, priced as ``best`` prices
-        rows. Empty: a plain round. Shadowing governors only (the proposal comes first)."""
+        rows. Empty: a plain round, or for a probing governor the chain it chose.
+
+        A shadowing governor sizes the proposal in hand. A probing one sizes the tree a
+        drafter proposed for the k that ``next_k`` chose: ``drafted`` is the positions it
+        drafted for it (a trained head: one call each, its alternatives read from the same
+        call), their cost the same whichever nodes are verified."""
         self.current = source
         estimates = self.estimates(source)
         chances = node_chances(parents, frequencies, estimates.expected(max(depths(parents))), self.branching.scale)
         plain = self.costs.verify(self.load.rows + 1)
 
         def steps(n: int) -> float:
-            return max(1.0, self._round_seconds(n) / plain)
+            return max(1.0, self._round_seconds(n if drafted is None else drafted, rows=n) / plain)
 
         choice = best_nodes(chances, steps, len(parents), self.load.tokens, MIN_GAIN)
-        self.plain_by_governor += int(not choice.nodes)
+        self.plain_by_governor += int(self.shadow and not choice.nodes)
         return choice
 
     def observe_tree(
@@ -520,6 +533,7 @@ class Governor:
         rows: int | None = None,
         first_chance: float | None = None,
         proposed: bool | None = None,
+        drafted: int | None = None,
     ) -> None:
         """What a round that verified the nodes ``offered`` of the proposed tree ``parents``
         did: ``path`` its accepted nodes, root to leaf (in the tree's numbering). Each position
@@ -528,7 +542,8 @@ class Governor:
         ``first_chance`` (the rule's chance of accepting it there, from the target's own row,
         as a shadow draft's) stands in, and deeper such positions are left to drift. Each
         branching with later children on offer and the first child not taken updates the
-        later-child scale."""
+        later-child scale. ``drafted``: the positions the drafter ran for the tree, where it
+        is priced per drafted token (default: the nodes offered)."""
         outcome = tree_outcome(parents, frequencies, path, offered)
         estimates = self.estimates(self.current)
         for i, hit in enumerate(outcome.first_hits):
@@ -539,16 +554,22 @@ class Governor:
         estimates.drift(len(outcome.first_hits))
         for share, taken in outcome.later_offers:
             self.branching.observe(share, taken)
-        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows, proposed)
+        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows, proposed, drafted)
 
     def _observe_costs(
-        self, offered: int, draft_seconds: float, verify_seconds: float, rows: int | None, proposed: bool | None
+        self,
+        offered: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        rows: int | None,
+        proposed: bool | None,
+        drafted: int | None = None,
     ) -> None:
         after_plain = not self.proposed_last
         self.proposed_last = proposed if proposed is not None else offered > 0
         if self.adapt_costs:
             self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
-            self.costs.observe_draft(offered, draft_seconds, proposed, after_plain)
+            self.costs.observe_draft(offered if drafted is None else drafted, draft_seconds, proposed, after_plain)
 
     def probe_extra_steps(self) -> float:
         """What a probe costs beyond the plain step it replaces, in plain steps (a probe

@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from verispec.accept import ChainResult, accept_chain_rows, accept_greedy, acceptance_probability
-from verispec.accept_tree import TreeResult, accept_tree, accept_tree_greedy
+from verispec.accept_tree import TreeResult, accept_tree, accept_tree_greedy, accept_tree_rows
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter
 from verispec.governor import ALONE, PROBE_K, AcceptanceMemory, CostModel, Decision, Governor, Load
 from verispec.sampling import SamplingParams, final_distributions, final_rows, final_tokens
@@ -91,9 +91,12 @@ class RequestPlanner:
         self._proposed = False
         if governor is not None and governor.adapt_costs:
             governor.load = load
+        width = branches(drafter) if self.trees else 1
         if governor is None:
             k = min(self.fixed_k, room - 1)
-            plan = Plan(k, prefix(drafter.propose(context, k, rng), k) if k > 0 else NO_DRAFT)
+            # k counts nodes: a drafter that offers several candidates a position drafts the
+            # positions its first k nodes need.
+            plan = Plan(k, prefix(drafted(drafter, context, -(-k // width), rng, width > 1), k))
         elif governor.shadow:
             # The drafter is pure and nearly free: its proposal comes first, so the governor
             # decides knowing what it is based on (``Draft.source``).
@@ -115,12 +118,23 @@ class RequestPlanner:
         else:
             choice = governor.next_k()
             k = min(choice.k, room - 1)
-            # Trees are sized only for the proposal in hand (shadowing): here, the chain of k.
-            draft = prefix(drafter.propose(context, k, rng).main_chain(), k) if k > 0 else NO_DRAFT
+            # A drafter that offers several candidates a position (a trained head's
+            # ``branches``) is asked for its tree of k positions, which the governor sizes: its
+            # alternatives cost verify rows only. A probe measures the chain of k.
+            draft = drafted(drafter, context, k, rng, width > 1 and not choice.probe)
+            if draft.is_tree and draft.frequencies is not None:
+                assert draft.parents is not None
+                chain = draft.main_chain()
+                nodes = governor.tree(draft.parents, draft.frequencies, draft.source, len(chain.tokens)).nodes
+                if nodes:
+                    self._tree = (draft, nodes)
+                draft = draft.select(nodes) if nodes else chain
+            else:
+                draft = prefix(draft.main_chain(), k)
             self._proposed = k > 0
             # A probe the drafter left empty examined nothing.
             self.stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
-            plan = Plan(k, draft)
+            plan = Plan(len(draft.tokens) if self._tree is not None else k, draft)
         self._shadow = plan.shadow
         return plan
 
@@ -161,6 +175,7 @@ class RequestPlanner:
                 verify_rows,
                 chance,
                 self._proposed,
+                None if governor.shadow else len(tree.main_chain().tokens),  # a probing drafter's positions
             )
         else:
             governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows, self._proposed)
@@ -349,11 +364,16 @@ def tree_verdict(
 ) -> tuple[TreeResult, ShadowAcceptance]:
     """``chain_verdict`` for a tree's verify rows (``logits`` (n + 1, V): row 0 the pending
     token's, row j + 1 node j's, each with its own history: the output, then the drafts on its
-    path). Greedy with point-mass drafts reads the rows' tokens alone (``accept_tree_greedy``)."""
+    path). Greedy with point-mass drafts reads the rows' tokens alone (``accept_tree_greedy``);
+    sampled without penalties computes only the rows the walk reaches (``accept_tree_rows``)."""
     if params.greedy and draft_probs is None:
         targets = _tree_rows(final_tokens, logits, params, prompt, output, tokens, parents)
         verdict = accept_tree_greedy(targets, parents, tokens)
         return verdict, token_acceptance(int(targets[0]))
+    if not params.penalised:  # no row depends on its history: each computed when the walk reaches it
+        row = final_rows(logits, params, prompt, output, tokens)
+        verdict = accept_tree_rows(row, parents, tokens, draft_probs, uniforms, logits.shape[1])
+        return verdict, row_acceptance(row(0))
     target_probs = _tree_rows(final_distributions, logits, params, prompt, output, tokens, parents)
     return accept_tree(target_probs, parents, tokens, draft_probs, uniforms), row_acceptance(target_probs[0])
 
@@ -397,6 +417,20 @@ def row_acceptance(target_row: NDArray[np.float64]) -> ShadowAcceptance:
         return acceptance_probability(target_row, draft.tokens[0], q, check_rows=False)
 
     return chance
+
+
+def branches(drafter: Drafter) -> int:
+    """The candidates a drafted position of ``drafter``'s trees offers (``propose_tree``); 1: chains."""
+    return int(getattr(drafter, "branches", 1)) if hasattr(drafter, "propose_tree") else 1
+
+
+def drafted(drafter: Drafter, context: Sequence[int], k: int, rng: np.random.Generator, tree: bool) -> Draft:
+    """The drafter's tree of k drafted positions where ``tree`` (``propose_tree``), else its chain."""
+    if k <= 0:
+        return NO_DRAFT
+    if tree:
+        return drafter.propose_tree(context, k, rng)  # type: ignore[attr-defined,no-any-return]
+    return drafter.propose(context, k, rng)
 
 
 def prefix(draft: Draft, k: int) -> Draft:

@@ -9,6 +9,7 @@ from verispec.accept import RuleInputError, accept_chain
 from verispec.accept_tree import (
     accept_tree,
     accept_tree_greedy,
+    accept_tree_rows,
     ancestor_mask,
     chain_parents,
     path_rows,
@@ -128,6 +129,44 @@ def test_greedy_is_the_rule_on_one_hot_rows(parents, vocab, seed, sampled):
     rows_walked = path_rows(greedy.path)
     assert all(tokens[node] == argmax[row] for node, row in zip(greedy.path, rows_walked, strict=False))
     assert greedy.token == argmax[rows_walked[-1]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(parents=trees(), vocab=st.integers(2, 5), seed=st.integers(0, 2**32 - 1), sampled=st.booleans())
+def test_rows_on_demand_give_the_rules_verdict_reading_only_the_rows_walked(parents, vocab, seed, sampled):
+    # accept_tree_rows must return accept_tree's verdict, uniforms used included, asking for
+    # the root's row, then each accepted node's, in that order, and for no other row.
+    rng = np.random.default_rng(seed)
+    n = parents.shape[0]
+    p = rng.dirichlet(np.full(vocab, 0.5), size=n + 1)
+    p[rng.random(n + 1) < 0.3] = np.eye(vocab)[0]  # some one-hot rows: certain verdicts
+    q = rng.dirichlet(np.ones(vocab), size=n) if sampled else None
+    tokens = np.array([rng.choice(vocab, p=row) for row in q]) if sampled else rng.integers(0, vocab, size=n)
+    u = rng.random(2 * n + 1)
+    asked: list[int] = []
+
+    def row(r):
+        asked.append(r)
+        return p[r]
+
+    result = accept_tree_rows(row, parents, tokens, q, u, vocab)
+    assert result == accept_tree(p, parents, tokens, q, u)
+    assert asked == path_rows(result.path)
+
+
+def test_tree_rows_on_demand_are_checked_as_they_are_read():
+    good, bad = np.array([0.0, 1.0]), np.array([0.5, 0.6])
+    # Both children rejected at the root (p(0) = 0, then the residual has no mass on 0 either):
+    # the bad rows 1 and 2 are never read ...
+    result = accept_tree_rows([good, bad, bad].__getitem__, [-1, -1], [0, 0], None, [0.5] * 5, vocab=2)
+    assert result.path == [] and result.token == 1
+    # ... and refused once the walk reaches one.
+    with pytest.raises(RuleInputError, match="sum to 1"):
+        accept_tree_rows([good, bad, bad].__getitem__, [-1, -1], [1, 0], None, [0.5] * 5, vocab=2)
+    with pytest.raises(RuleInputError, match="3 entries, the vocabulary 2"):
+        accept_tree_rows(lambda r: np.array([0.0, 1.0, 0.0]), [-1], [1], None, [0.5] * 3, vocab=2)
+    with pytest.raises(RuleInputError, match="2 nodes take 2 tokens"):
+        accept_tree_rows([good, good, good].__getitem__, [-1, -1], [1], None, [0.5] * 3, vocab=2)
 
 
 def test_greedy_takes_the_first_matching_sibling():

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from verispec.drafters.base import NO_DRAFT, Draft
+from verispec.drafters.head import HeadDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.sampling import SamplingParams, final_distribution
 
@@ -76,3 +77,15 @@ class WrongThenRightDrafter(ScriptDrafter):
         n = len(context)
         right = self.script[n : n + k]
         return Draft(tokens=right if n >= self.switch else [(t + 1) % self.vocab_size for t in right])
+
+
+class SiblingsReportTheirParentsRow(HeadDrafter):
+    """A mutant head for a negative control: its sampled alternatives are drawn without
+    replacement, as the real head's, but reported with the position's whole row, as if drawn
+    i.i.d. from it; the tree rule then removes too little mass after each rejection."""
+
+    def _branch(self, tree, logits, token, row, count, rng) -> None:
+        first = len(tree.tokens)
+        super()._branch(tree, logits, token, row, count, rng)
+        for node in range(first + 1, len(tree.tokens)):
+            tree.rows[node] = row

@@ -21,7 +21,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from tests.conformance.harness import CHI2_ALPHA, tolerance
-from tests.engine.scripted import GreedyButReportsSoftmax
+from tests.engine.scripted import GreedyButReportsSoftmax, SiblingsReportTheirParentsRow
 from verispec.sampling import SamplingParams, final_distribution
 
 pytestmark = pytest.mark.slow
@@ -33,6 +33,7 @@ TOKENS = 3
 # samples (about a third of its drafts are kept at these settings).
 PROMPT = "the cat satG1qLT?U8bysSU8"
 PARAMS = {"temperature": 1.0, "top_k": 5, "top_p": 0.9}
+TREE_PARAMS = {"temperature": 1.0, "top_k": 5}
 
 
 def enumerate_law(row, eos=frozenset()):
@@ -143,12 +144,17 @@ def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, re
 # The same on the native backend (its own kernels, fp16 KV cache: its own law).
 # "suffix-tree": the suffix drafter proposing trees (3 candidates a node), verified in one
 # pass by the native target and decided by the tree rule; the runs' own sampled outputs fill
-# its cache with the branching continuations trees are made of.
+# its cache with the branching continuations trees are made of. "head-tree": the head offering
+# 3 candidates a drafted position (k 6 nodes), its alternatives drawn without replacement.
 @pytest.mark.parametrize(
-    ("drafter", "k"), [("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3), ("suffix-tree", 4)]
+    ("drafter", "k"),
+    [("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3), ("suffix-tree", 4), ("head-tree", 6)],
 )
 def test_native_engine_output_follows_its_target(native_engine, drafter, k, request):
-    check_follows(native_engine, law_of(native_engine), drafter, k, request)
+    # The head's rows under top-p 0.9 often hold one token (no room for a sibling): its trees
+    # run with top-k alone.
+    params = TREE_PARAMS if drafter == "head-tree" else PARAMS
+    check_follows(native_engine, law_of(native_engine, params), drafter, k, request, params=params)
 
 
 def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
@@ -158,6 +164,9 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     if drafter in ("head", "block"):
         weights = request.getfixturevalue("tiny_drafters")[drafter]
         chosen = engine.drafter(drafter, drafter_weights=str(weights))
+    if drafter == "head-tree":  # each drafted position's 3 candidates, siblings drawn without replacement
+        weights = request.getfixturevalue("tiny_drafters")["head"]
+        chosen = engine.drafter("head", drafter_weights=str(weights), draft_branches=3)
     trees: list[int] = []
     counts, offered, accepted = run_engine(engine, chosen, k, runs=runs, params=params, trees=trees)
     pvalue, deviation, cells = compare(counts, law, runs=runs)
@@ -168,7 +177,7 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
         f"chi2 p={pvalue:.3g} (> {CHI2_ALPHA}), max|f-p|={deviation:.4f} (tol {tol:.4f}), "
         f"acceptance {accepted}/{offered}"
     )
-    if drafter == "suffix-tree":
+    if drafter in ("suffix-tree", "head-tree"):
         print(f"  tree rounds: {sum(trees)} in {sum(t > 0 for t in trees)} of {runs} runs")
         assert sum(trees) > runs // 10  # trees were verified, not only chains
     if drafter == "wrong":
@@ -181,6 +190,18 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
         assert offered > 0 and 0 < accepted < offered  # drafts were offered, kept and rejected
     assert pvalue > CHI2_ALPHA
     assert deviation <= tol
+
+
+def test_tree_siblings_reported_with_their_parents_row_fail(native_engine, tiny_drafters):
+    broken = SiblingsReportTheirParentsRow.load(native_engine.target, tiny_drafters["head"])
+    broken.branches = 3
+    counts, _, _ = run_engine(native_engine, broken, 6, runs=N_RUNS_CONTROL, params=TREE_PARAMS)
+    pvalue, deviation, _ = compare(counts, law_of(native_engine, TREE_PARAMS), runs=N_RUNS_CONTROL)
+    print(
+        f"\n  NEGATIVE CONTROL tree siblings reported with their parent's row: N={N_RUNS_CONTROL} "
+        f"chi2 p={pvalue:.3g}, max|f-p|={deviation:.4f} (tol {tolerance(N_RUNS_CONTROL):.4f}) -> detected"
+    )
+    assert pvalue < CHI2_ALPHA
 
 
 @pytest.mark.parametrize("engine_name", ["tiny_engine", "native_engine"])

@@ -88,10 +88,15 @@ def test_suffix_trees_are_verified_in_one_pass_and_stay_exact(native_engine, suf
     # with k auto, rows priced at a hundredth of a step, so that the governor takes alternatives.
     drafter = branching_suffix(native_engine, f"trees-{k}")
     suffix_costs(0.01)
+    check_greedy_trees(native_engine, drafter, k)
+
+
+def check_greedy_trees(engine, drafter, k):
+    """Greedy requests of PROMPTS: output identical to plain, trees verified, drafts kept and rejected."""
     trees = offered = accepted = 0
     for prompt in PROMPTS:
-        result = native_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
-        assert result.token_ids == plain_output(native_engine, prompt), f"suffix trees k={k} diverged on {prompt!r}"
+        result = engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
+        assert result.token_ids == plain_output(engine, prompt), f"{drafter.name} trees k={k} diverged on {prompt!r}"
         trees += result.stats.tree_rounds
         offered += result.stats.offered
         accepted += result.stats.accepted
@@ -153,3 +158,14 @@ def test_drafting_with_the_target_itself_accepts_everything(either_engine, k):
     assert stats.k_histogram.get(k, 0) == full_rounds
     assert stats.rounds == full_rounds + (1 if MAX_TOKENS % (k + 1) else 0)
     assert stats.bonus_shortfall == 0
+
+
+@pytest.mark.parametrize("k", [6, "auto"])
+@pytest.mark.parametrize("kind", ["head", "block"])
+def test_trained_drafter_trees_are_verified_and_stay_exact(native_engine, tiny_drafters, kind, k):
+    # Three candidates a drafted position (k 6: two positions); under the governor rows are
+    # priced at a hundredth of a step and drafting free, so that its alternatives pay.
+    drafter = native_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]), draft_branches=3)
+    with drafter_prices(native_engine, kind) as set_costs:
+        set_costs(0.01)
+        check_greedy_trees(native_engine, drafter, k)

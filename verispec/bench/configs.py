@@ -13,7 +13,8 @@ bf16, int8, int4), ``exact`` (on or off; torch), ``confidence`` (the trained
 drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained drafters'
 weights directory, as ``--drafter-weights``: two trainings compared in one run), ``cache``
 (the suffix drafter's cross-request cache in tokens; 0: off), ``branches`` (the suffix
-drafter's candidates per node: 1 drafts chains, more drafts trees), ``k_max`` (the most
+drafter's candidates per node, the trained drafters' per drafted position: 1 drafts chains,
+more drafts trees), ``k_max`` (the most
 drafts ``k=auto`` may choose a round; the engine's default otherwise), ``kernels`` (where the
 head's layers run: auto, off = torch, or a kernel format q8_0, bf16, f32).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
@@ -87,8 +88,9 @@ class BenchConfig:
             options["drafter_weights"] = self.options["weights"]
         if "cache" in self.options:
             options["suffix_cache_tokens"] = self.int_option("cache", 0)
-        if "branches" in self.options:
-            options["suffix_branches"] = self.int_option("branches", 1)
+        if "branches" in self.options:  # the suffix drafter's own option; the trained drafters share one
+            key = "suffix_branches" if self.name == "suffix" else "draft_branches"
+            options[key] = self.int_option("branches", 1)
         if "kernels" in self.options:
             options["head_kernels"] = self.options["kernels"]
         return options

@@ -5,6 +5,9 @@ Lifecycle, one line each:
 - ``begin(prompt_ids, params)``: a new request starts with this prompt.
 - ``propose(context, k, rng)``: up to k tokens to follow ``context`` (the committed
   tokens), with the rows they were sampled from, or ``None`` for point masses.
+- ``propose_tree(context, k, rng)``, only where a drafter has ``branches`` > 1 (the trained
+  drafters' ``draft_branches``): k drafted positions, each offering up to ``branches``
+  candidates, as a tree (``Draft.parents``) whose main chain is what ``propose`` drafts.
 - ``observe(context, accepted)``: the round committed ``context`` (now ending with the
   bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
 - ``reset()``: forget the request.

@@ -10,6 +10,14 @@ computes its hidden vector (D,), which the target's LM head, restricted to the d
 vocabulary, turns into draft logits (N,) and those into the row q the token is drawn from
 (``SharedTarget.draw``).
 
+Trees (drafter option ``draft_branches``, default 1): with ``branches`` b > 1,
+``propose_tree(context, k)`` drafts k positions as ``propose`` does and offers at each b
+candidates, the chain's token and b - 1 alternatives beside it (greedy: the next-best draft
+logits; sampled: drawn without replacement from the position's row), all from the same
+drafter call, so an alternative costs a verify row and no drafting. The nodes are listed
+position by position (``DraftTree``); the planner verifies the first k of them at a fixed k,
+and under ``--k auto`` those that pay (``Governor.tree``).
+
 What differs stays in the drafters' modules: what a net reads and how it runs
 (``_positions``: the draft logits of the draft positions, in order), and what state it
 keeps of the committed positions (``_add``, ``reset``).
@@ -24,8 +32,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import nn
 
+from verispec.accept import sample_index
 from verispec.drafters import weights
 from verispec.drafters.base import (
     DEFAULT_MIN_CONFIDENCE,
@@ -120,6 +130,9 @@ class TrainedDrafter(Generic[Net]):
     name: str
     net_class: type[Net]
     pure_proposals = False  # a draw moves the drafter's own cache
+    # Candidates a drafted position offers (drafter option ``draft_branches``): 1 drafts chains;
+    # more draft trees whose alternatives cost verify rows only, no drafter call (``_branch``).
+    branches = 1
 
     @classmethod
     def load(
@@ -147,7 +160,10 @@ class TrainedDrafter(Generic[Net]):
         (default: the ones shipped for the embedded model), its ``min_confidence`` floor."""
         directory = weights.weights_dir(context.option("drafter_weights"), cls.name)
         min_confidence = context.option("min_confidence", DEFAULT_MIN_CONFIDENCE)
-        return cls.load(context.target, directory, min_confidence, **cls.context_options(context))
+        branches = check_branches(context.option("draft_branches", 1))  # before the weights load
+        drafter = cls.load(context.target, directory, min_confidence, **cls.context_options(context))
+        drafter.branches = branches
+        return drafter
 
     @classmethod
     def context_options(cls, context: DrafterContext) -> dict[str, Any]:
@@ -196,6 +212,15 @@ class TrainedDrafter(Generic[Net]):
         self._add(hidden[hidden.shape[0] - rows :].to(torch.float32), self.known - rows)
 
     def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        return self._draft(context, k, rng, None)
+
+    def propose_tree(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        """A tree of k drafted positions, each offering up to ``branches`` candidates (the
+        chain's token first), listed position by position (``DraftTree``); its main chain is
+        the chain ``propose`` would draft with the same generator where ``branches`` is 1."""
+        return self._draft(context, k, rng, DraftTree() if self.branches > 1 else None)
+
+    def _draft(self, context: Sequence[int], k: int, rng: np.random.Generator, tree: DraftTree | None) -> Draft:
         n = len(context) - 1  # position of the last committed token (the pending one)
         if k <= 0 or self.known < 1 or self.known != n:
             return NO_DRAFT  # no target state yet (a one-token prompt's first round)
@@ -211,9 +236,64 @@ class TrainedDrafter(Generic[Net]):
                 if drawn is None:
                     break  # unsure: stop drafting here
                 token, row = drawn  # drawn from exactly the row reported
+                if tree is not None:
+                    self._branch(tree, logits, token, row, self.branches, rng)
                 tokens.append(token)
                 rows.append(row)
+        if tree is not None:
+            return tree.draft(self.params.greedy)
         return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
+
+    def _branch(
+        self,
+        tree: DraftTree,
+        logits: torch.Tensor,
+        token: int,
+        row: NDArray[np.float64],
+        count: int,
+        rng: np.random.Generator,
+    ) -> None:
+        """Add a drafted position's candidates to ``tree``: the chain's ``token`` (drawn from
+        ``row``) and up to ``count - 1`` alternatives beside it, siblings that continue the
+        same parent. Greedy: the next-highest draft logits (point masses). Sampled: each drawn
+        from ``row`` without the candidates before it, renormalised, and reported with that
+        row (what ``accept_tree`` asks of siblings drawn without replacement); none once the
+        row has no mass left.
+
+        Frequencies (the drafter's estimate that the target continues with a candidate; the
+        governor sizes the tree from them) come from the plain softmax (T = 1, no filters).
+        Greedy: each candidate's own probability. Sampled: the i-th candidate gets the i-th
+        largest probability, whichever token it drew, because the nodes verified must not
+        depend on the tokens drawn (a draft offered or withheld for its value is no longer
+        distributed as the row reported for it); the governor then keeps a prefix of each
+        position's siblings, as ``accept_tree`` needs of siblings drawn without replacement."""
+        plain = torch.softmax(logits.double(), dim=-1)
+        if self.params.greedy:
+            ranked = torch.topk(plain, min(count + 1, plain.shape[-1]))
+            candidates = self.shared.vocab_ids[ranked.indices].tolist()
+            chances = dict(zip(candidates, ranked.values.tolist(), strict=True))
+            slot = int(self.shared.label_index[token])
+            parent = tree.add(token, None, chances.get(token, float(plain[slot]) if slot >= 0 else 0.0), chain=True)
+            for other in [t for t in candidates if t != token][: count - 1]:
+                tree.add(other, None, chances[other], parent=parent)
+            return
+        by_rank = torch.topk(plain, min(count, plain.shape[-1])).values.tolist()
+        parent = tree.add(token, row, by_rank[0], chain=True)
+        # A drafted row's mass lies in the draft vocabulary (its other entries are exact zeros),
+        # so the draws run on its N entries and each reported row is scattered back to V.
+        vocab = self.shared.vocab_np
+        rest, taken = row[vocab], int(self.shared.label_index[token])
+        for rank in range(1, count):
+            rest = rest.copy()
+            rest[taken] = 0.0
+            total = rest.sum()
+            if total <= 0.0:
+                return  # the row's whole support is on offer already
+            rest /= total
+            taken = sample_index(rest, float(rng.random()))
+            reported = np.zeros_like(row)
+            reported[vocab] = rest
+            tree.add(int(vocab[taken]), reported, by_rank[rank], parent=parent)
 
     def observe(self, context: Sequence[int], accepted: int) -> None:
         fresh = len(context) - 1 - self.known
@@ -252,3 +332,53 @@ class TrainedDrafter(Generic[Net]):
             raise RuntimeError(f"the {self.name} drafter needs {rows} hidden-state rows from the target, got {got}")
         states: torch.Tensor = hidden
         return states
+
+
+def check_branches(value: object) -> int:
+    """A ``draft_branches`` option: an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DrafterError(f"draft_branches is an integer >= 1 (1: chains), got {value!r}")
+    return value
+
+
+class DraftTree:
+    """A trained drafter's tree as ``propose`` builds it: per drafted position the chain's
+    candidate, then its alternatives (siblings: the same parent). Nodes are listed parents
+    first, position by position, so every prefix of the list is a tree (``Draft.parents``)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.rows: list[NDArray[np.float64] | None] = []
+        self.parents: list[int] = []
+        self.frequencies: list[float] = []
+        self.chain_end = -1  # the chain's last node: the next position's parent
+
+    def add(
+        self,
+        token: int,
+        row: NDArray[np.float64] | None,
+        frequency: float,
+        parent: int | None = None,
+        chain: bool = False,
+    ) -> int:
+        """Append a node (a chain node continues the chain; an alternative takes ``parent``);
+        returns its parent."""
+        parent = self.chain_end if chain or parent is None else parent
+        self.tokens.append(token)
+        self.rows.append(row)
+        self.parents.append(parent)
+        self.frequencies.append(frequency)
+        if chain:
+            self.chain_end = len(self.tokens) - 1
+        return parent
+
+    def draft(self, greedy: bool) -> Draft:
+        """The tree as a Draft: greedy, point masses; sampled, each node's row."""
+        if not self.tokens:
+            return NO_DRAFT
+        probs = None
+        if not greedy:
+            rows = [row for row in self.rows if row is not None]
+            assert len(rows) == len(self.tokens), "a sampled tree reports every node's row"
+            probs = np.stack(rows)
+        return Draft(self.tokens, probs, None, self.parents, self.frequencies)
