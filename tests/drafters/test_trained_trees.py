@@ -29,7 +29,7 @@ def branching(request, tiny_engine, tiny_drafters):
 
 
 @pytest.fixture(scope="module")
-def chains(request, tiny_engine, tiny_drafters, branching):
+def chains(tiny_engine, tiny_drafters, branching):
     return tiny_engine.drafter(branching.name, drafter_weights=str(tiny_drafters[branching.name]))
 
 

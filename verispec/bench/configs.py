@@ -14,9 +14,9 @@ drafters' ``min_confidence``: stop drafting below it), ``weights`` (the trained 
 weights directory, as ``--drafter-weights``: two trainings compared in one run), ``cache``
 (the suffix drafter's cross-request cache in tokens; 0: off), ``branches`` (the suffix
 drafter's candidates per node, the trained drafters' per drafted position: 1 drafts chains,
-more drafts trees), ``k_max`` (the most
-drafts ``k=auto`` may choose a round; the engine's default otherwise), ``kernels`` (where the
-head's layers run: auto, off = torch, or a kernel format q8_0, bf16, f32).
+more drafts trees), ``k_max`` (the most drafts ``k=auto`` may choose a round; the engine's
+default otherwise), ``kernels`` (where the head's layers run: auto, off = torch, or a kernel
+format q8_0, bf16, f32).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.

@@ -342,7 +342,7 @@ def check_branches(value: object) -> int:
 
 
 class DraftTree:
-    """A trained drafter's tree as ``propose`` builds it: per drafted position the chain's
+    """A trained drafter's tree as ``propose_tree`` builds it: per drafted position the chain's
     candidate, then its alternatives (siblings: the same parent). Nodes are listed parents
     first, position by position, so every prefix of the list is a tree (``Draft.parents``)."""
 
