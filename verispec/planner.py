@@ -77,7 +77,8 @@ class RequestPlanner:
         self._shadow = NO_DRAFT  # the last plan's shadow draft
         self._proposed = False  # whether the last plan asked the drafter for a proposal
         # The last plan's proposed tree and the nodes it verifies, where a governor sized one.
-        self._tree: tuple[Draft, list[int]] | None = None
+        # With it, the positions a probing drafter drafted for the tree (None: shadowing).
+        self._tree: tuple[Draft, list[int], int | None] | None = None
         # Whether the rounds' verify passes take trees (the engine clears it where they do not:
         # a scheduler's shared passes); without, a proposed tree is decided as its main chain.
         self.trees = True
@@ -109,7 +110,7 @@ class RequestPlanner:
                 self.stats.observe_choice(len(nodes), False, governed=True)
                 plan = Plan(len(nodes), offer.select(nodes), NO_DRAFT if nodes else prefix(offer, 1))
                 if nodes:
-                    self._tree = (offer, nodes)
+                    self._tree = (offer, nodes, None)
             else:
                 choice = governor.next_k(offer.source) if offer.tokens else Decision(0, 1.0)
                 self.stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
@@ -127,7 +128,7 @@ class RequestPlanner:
                 chain = draft.main_chain()
                 nodes = governor.tree(draft.parents, draft.frequencies, draft.source, len(chain.tokens)).nodes
                 if nodes:
-                    self._tree = (draft, nodes)
+                    self._tree = (draft, nodes, len(chain.tokens))
                 draft = draft.select(nodes) if nodes else chain
             else:
                 draft = prefix(draft.main_chain(), k)
@@ -158,7 +159,7 @@ class RequestPlanner:
         if governor is None:
             return
         if self._tree is not None:
-            tree, nodes = self._tree
+            tree, nodes, drafted = self._tree
             assert tree.parents is not None and tree.frequencies is not None
             # The verified nodes' path in the tree's numbering (a chain of them: its prefix).
             kept = [nodes[i] for i in path] if path is not None else nodes[:accepted]
@@ -175,7 +176,7 @@ class RequestPlanner:
                 verify_rows,
                 chance,
                 self._proposed,
-                None if governor.shadow else len(tree.main_chain().tokens),  # a probing drafter's positions
+                drafted,
             )
         else:
             governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows, self._proposed)
