@@ -110,12 +110,14 @@ def test_two_checkouts_of_one_source_build_in_separate_folders(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("count", [2, 3, 4, 5, 8, 9, 12])
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15])
 def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
     # Passes of 2 to 4 rows take another kernel than a single row where the CPU has VNNI (a
     # transposed tile, one horizontal add a row; 8-bit codes biased to unsigned), and 8 rows
-    # the lanes kernel: every row must still equal its single-row result bit for bit. The
-    # 8-bit weights include the code -128, whose magnitude does not fit a signed byte.
+    # the lanes kernel; without VNNI, Q4 rows past the groups of 8 take a lanes group padded
+    # with zero rows (5 to 7 of them: 5, 6, 7, 13, 15) or the quads kernel (4: 4, 12): every
+    # row must still equal its single-row result bit for bit. The 8-bit weights include the
+    # code -128, whose magnitude does not fit a signed byte.
     values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
     raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
     if name == "Q8_0":
