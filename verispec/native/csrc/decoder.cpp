@@ -490,9 +490,8 @@ struct QuantRows {
   // 8 groups of 4 activations x 8 rows x 4 bytes, and the rows' d and s side by side.
   AlignedBytes q8;
   std::vector<float> d8, s8;
-  // The last rows (up to 4) for the quads kernel (tile_q4_quads): per block, 4 pairs of groups
-  // x 4 rows x 8 bytes, and the rows' d and s as [r0 r1 r0 r1 r2 r3 r2 r3]; rows past the pass
-  // are zero.
+  // The last 4 rows for the quads kernel (tile_q4_quads): per block, 4 pairs of groups x 4 rows
+  // x 8 bytes, and the rows' d and s as [r0 r1 r0 r1 r2 r3 r2 r3].
   AlignedBytes q4x;
   std::vector<float> d4x, s4x;
   // q + 128 as unsigned bytes (q ^ 0x80; q is never -128), for tile_quant_vnni on 8-bit weights.
@@ -526,22 +525,21 @@ constexpr int64_t QUAD = 4;  // rows per group in the quads kernel
 // (matmul_q4_part_group), from LANES_PADDED_FROM one of the lanes kernel, else the quads kernel.
 constexpr int64_t QUADS_FROM = 4, LANES_PADDED_FROM = 5;
 
-// Rows r0 .. r0 + rows - 1 (rows <= QUAD) into the quads layout, zero rows after them.
-static void pack_quads(QuantRows& xq, int64_t r0, int64_t rows, int64_t K) {
+// Rows r0 .. r0 + 3 of xq into the quads layout.
+static void pack_quads(QuantRows& xq, int64_t r0, int64_t K) {
   const int64_t B = K / QK;
   xq.q4x.assign(B * QK * QUAD);
-  xq.d4x.assign(B * 2 * QUAD, 0.f);
-  xq.s4x.assign(B * 2 * QUAD, 0.f);
+  xq.d4x.resize(B * 2 * QUAD);
+  xq.s4x.resize(B * 2 * QUAD);
   static const int lane_row[2 * QUAD] = {0, 1, 0, 1, 2, 3, 2, 3};
   for (int64_t b = 0; b < B; b++) {
-    for (int64_t r = 0; r < rows; r++)
+    for (int64_t r = 0; r < QUAD; r++)
       for (int64_t p = 0; p < QK / 8; p++)
         std::memcpy(&xq.q4x[(b * (QK / 8) + p) * QUAD * 8 + r * 8], &xq.q[(r0 + r) * K + b * QK + 8 * p], 8);
-    for (int l = 0; l < 2 * QUAD; l++)
-      if (lane_row[l] < rows) {
-        xq.d4x[b * 2 * QUAD + l] = xq.d[(r0 + lane_row[l]) * B + b];
-        xq.s4x[b * 2 * QUAD + l] = xq.s[(r0 + lane_row[l]) * B + b];
-      }
+    for (int l = 0; l < 2 * QUAD; l++) {
+      xq.d4x[b * 2 * QUAD + l] = xq.d[(r0 + lane_row[l]) * B + b];
+      xq.s4x[b * 2 * QUAD + l] = xq.s[(r0 + lane_row[l]) * B + b];
+    }
   }
 }
 #endif
@@ -847,7 +845,7 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
 }
 
 #ifndef VS_VNNI
-// Q4 times up to 4 rows at once, for CPUs without VNNI: the same arithmetic per (row, output)
+// Q4 times 4 rows at once, for CPUs without VNNI: the same arithmetic per (row, output)
 // as tile_quant, so a row's result does not depend on which kernel ran it. A vector's 8 lanes
 // are (row, half of an 8-byte pair of groups): the rows' codes of bytes 8p..8p+7 of a block
 // side by side (pack_quads), against the output's 8 weights there broadcast to every quarter.
@@ -856,7 +854,7 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
 // two halves: [o0 r0, o0 r1, o1 r0, o1 r1 | o0 r2, o0 r3, o1 r2, o1 r3]. tile_quant spends
 // three horizontal adds a row and block instead. ``codes`` is the tile's weights unpacked.
 static void tile_q4_quads(const Matrix& w, int64_t t, const uint8_t* codes, const QuantRows& xq, float* y,
-                          int64_t ldy, int64_t rows) {
+                          int64_t ldy) {
   const int64_t B = w.blocks();
   const int8_t* X = xq.q4x.data();
   const float* DX = xq.d4x.data();
@@ -895,7 +893,7 @@ static void tile_q4_quads(const Matrix& w, int64_t t, const uint8_t* codes, cons
   for (int h = 0; h < 2; h++) _mm256_store_ps(out[h], _mm256_add_ps(acc[h], minimum[h]));
   const int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
   static const int lane[QUAD][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};  // (row, output within the pair)
-  for (int64_t r = 0; r < rows; r++)
+  for (int64_t r = 0; r < QUAD; r++)
     for (int64_t j = 0; j < valid; j++) y[r * ldy + j] = out[j / 2][lane[r][j % 2]];
 }
 #endif
@@ -1302,7 +1300,6 @@ static bool set_amx_min_rows(int64_t rows) {
   return amx_available();
 }
 
-// y[M, ldy] (first w.rows columns) = x[M, K] W^T (+ bias). Threads split the output tiles.
 #if defined(VS_AVX2) && !defined(VS_VNNI)
 // A Q4 pass whose rows past its groups of 8 are 4 to 7, without VNNI: those rows cost less in
 // a part group than in tile_quant, whose horizontal adds bound its passes of 2 to 4 rows on
@@ -1315,7 +1312,7 @@ static void matmul_q4_part_group(const Matrix& w, int64_t M, float* y, int64_t l
   const int64_t padded = M % LANES >= LANES_PADDED_FROM;  // else the last 4 rows take the quads kernel
   const int64_t groups = M / LANES + padded;
   if (groups > 0) pack_lanes(scratch, groups, w.cols, M);
-  if (!padded) pack_quads(scratch, groups * LANES, QUAD, w.cols);
+  if (!padded) pack_quads(scratch, groups * LANES, w.cols);
   const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (TILE * w.cols * M));
   parallel_for(0, w.tiles(), grain, [&](int64_t t0, int64_t t1) {
     AlignedBytes unpacked;
@@ -1326,13 +1323,14 @@ static void matmul_q4_part_group(const Matrix& w, int64_t M, float* y, int64_t l
       for (int64_t grp = 0; grp < groups; grp++)
         tile_q4_lanes(w, t, codes, scratch, grp, y + grp * LANES * ldy + t * TILE, ldy,
                       std::min<int64_t>(LANES, M - grp * LANES));
-      if (!padded) tile_q4_quads(w, t, codes, scratch, y + groups * LANES * ldy + t * TILE, ldy, QUAD);
+      if (!padded) tile_q4_quads(w, t, codes, scratch, y + groups * LANES * ldy + t * TILE, ldy);
     }
   });
   add_bias(w, M, y, ldy);
 }
 #endif
 
+// y[M, ldy] (first w.rows columns) = x[M, K] W^T (+ bias). Threads split the output tiles.
 static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t ldy, QuantRows& scratch) {
   if (w.quantized()) quantize_rows(x, M, w.cols, scratch);
 #ifdef VS_WIDE
