@@ -20,6 +20,10 @@ def test_flags_are_read_from_the_first_flags_line(tmp_path):
     assert not cpu.cpu_has_native_bf16(frozenset({"avx512f"}))
     assert cpu.cpu_has_avx512_vnni(frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx2"}))
     assert not cpu.cpu_has_avx512_vnni(frozenset({"avx2", "avx_vnni"}))  # AVX-VNNI is 256 bits only
+    assert cpu.cpu_has_wide_layout(frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx2", "fma", "f16c"}))
+    assert cpu.cpu_has_wide_layout(frozenset({"avx2", "fma", "f16c"}))  # Zen 2: the AVX2 kernel
+    assert not cpu.cpu_has_wide_layout(frozenset({"avx2", "fma", "f16c", "avx_vnni"}))  # Alder Lake
+    assert not cpu.cpu_has_wide_layout(frozenset({"avx", "sse4_2"}))
     assert cpu.cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
@@ -33,4 +37,4 @@ def test_the_native_kernels_run_amx_exactly_where_the_cpu_lists_it():
     module = kernels.load()
     assert module is not None, kernels.build_error()
     assert module.amx_available() == cpu.cpu_has_amx_int8()
-    assert module.wide_available() == cpu.cpu_has_avx512_vnni()
+    assert module.wide_available() == cpu.cpu_has_wide_layout()

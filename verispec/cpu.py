@@ -39,5 +39,14 @@ def cpu_has_amx_int8(flags: frozenset[str] | None = None) -> bool:
 
 def cpu_has_avx512_vnni(flags: frozenset[str] | None = None) -> bool:
     """True on x86 CPUs with AVX-512 VNNI (Intel from Ice Lake, AMD from Zen 4), where the
-    native kernels carry the wide layout."""
+    native kernels carry the wide layout for every quantised matrix."""
     return {"avx512f", "avx512bw", "avx512_vnni"} <= (cpu_flags() if flags is None else flags)
+
+
+def cpu_has_wide_layout(flags: frozenset[str] | None = None) -> bool:
+    """True where the native kernels carry the wide layout: AVX-512 VNNI, or AVX2 with FMA
+    and F16C and no VNNI of either width (AMD Zen 2 and 3, Intel before Ice Lake), where its
+    AVX2 kernel takes 4-bit matrices. AVX-VNNI alone (256 bits) keeps the vector kernels."""
+    flags = cpu_flags() if flags is None else flags
+    plain_avx2 = {"avx2", "fma", "f16c"} <= flags and not {"avx_vnni", "avx512_vnni"} & flags
+    return cpu_has_avx512_vnni(flags) or plain_avx2

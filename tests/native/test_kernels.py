@@ -111,13 +111,16 @@ def test_two_checkouts_of_one_source_build_in_separate_folders(tmp_path, monkeyp
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15])
-def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
+@pytest.mark.parametrize("layout", ["default", "vector"])
+def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count, layout):
     # Passes of 2 to 4 rows take another kernel than a single row where the CPU has VNNI (a
     # transposed tile, one horizontal add a row; 8-bit codes biased to unsigned), and 8 rows
-    # the lanes kernel; without VNNI, Q4 rows past the groups of 8 take a lanes group padded
-    # with zero rows (5 to 7 of them: 5, 6, 7, 13, 15) or the quads kernel (4: 4, 12): every
-    # row must still equal its single-row result bit for bit. The 8-bit weights include the
-    # code -128, whose magnitude does not fit a signed byte.
+    # the lanes kernel; without VNNI, 2 rows (and the first 2 of 3) take the duo kernel, and
+    # Q4 rows past the groups of 8 a lanes group padded with zero rows (5 to 7 of them: 5, 6,
+    # 7, 13, 15) or the quads kernel (4: 4, 12): every row must still equal its single-row
+    # result bit for bit. "vector" turns the wide layout off (where a CPU has it, it takes
+    # these passes by default), so both layouts' kernels are checked on every CPU. The 8-bit
+    # weights include the code -128, whose magnitude does not fit a signed byte.
     values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
     raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
     if name == "Q8_0":
@@ -125,9 +128,13 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
     weights = formats.from_ggml(raw, GGML[name], 36, 96)
     m = matrix(ext, weights)
     x = torch.from_numpy(RNG.standard_normal((count, 96)).astype(np.float32) * 3)
-    whole = ext.apply(m, x)
-    for r in range(count):
-        assert torch.equal(ext.apply(m, x[r : r + 1].contiguous()), whole[r : r + 1]), f"row {r} of {count}"
+    try:
+        ext.set_amx_min_rows(0 if layout == "vector" else -1)
+        whole = ext.apply(m, x)
+        for r in range(count):
+            assert torch.equal(ext.apply(m, x[r : r + 1].contiguous()), whole[r : r + 1]), f"row {r} of {count}"
+    finally:
+        ext.set_amx_min_rows(-1)
     inputs = quantised_activations(x.numpy())
     expected = inputs.astype(np.float64) @ weights.dequantize().astype(np.float64).T
     assert np.abs(whole.numpy() - expected).max() / np.abs(expected).max() < 1e-5
@@ -139,14 +146,16 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count):
 def test_the_wide_kernels_give_each_row_what_the_vector_kernels_give(ext, name, count, tiles_from):
     # Where the CPU has AVX-512 VNNI, quantised passes run on the wide layout: rows on its VNNI
     # kernel (one dpbusd serves 16 outputs), in chunks of 8; where it has AMX tiles, passes of
-    # many rows on tile products of whole blocks; both then run the vector kernels' float
-    # steps in their order. tiles_from -1: the default split; 2: the tiles from 2 rows up
+    # many rows on tile products of whole blocks; where it has AVX2 and no VNNI, Q4 passes of
+    # up to 16 rows on its AVX2 kernel (maddubs against broadcast codes; Q8 keeps the vector
+    # kernels there, so its arm compares them with themselves). All run the vector kernels'
+    # float steps in their order. tiles_from -1: the default split; 2: the tiles from 2 rows up
     # (verify_cost's native-amx2; without tiles the same as -1). 36 outputs:
     # two groups of 16 and a part group; 96 columns: three blocks (an odd number: the tile
     # kernel works on blocks in pairs); -128 among the 8-bit codes. Rows past a multiple of
     # 16 are padding.
     if not ext.wide_available():
-        pytest.skip("no AVX-512 VNNI on this CPU (or VERISPEC_WIDE=0): the vector kernels run every pass")
+        pytest.skip("no AVX2 or AVX-512 VNNI on this CPU (or VERISPEC_WIDE=0): the vector kernels run every pass")
     values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
     raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
     if name == "Q8_0":

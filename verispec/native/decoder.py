@@ -118,9 +118,10 @@ class KernelDecoder:
         self.slots = slots
         cos, sin = rope_tables(checkpoint, context)
         self._kernels = kernels
-        # Quantised passes run on the wide layout's kernels where the CPU has AVX-512 VNNI, and
-        # on AMX tiles for many rows where it has them (bit-identical rows; see decoder.cpp);
-        # the matrices made below then carry that layout's copy of their weights.
+        # Quantised passes run on the wide layout's kernels where the CPU has AVX-512 VNNI (Q4
+        # passes of up to 16 rows where it has AVX2 and no VNNI), and on AMX tiles for many
+        # rows where it has them (bit-identical rows; see decoder.cpp); the matrices made
+        # below then carry that layout's copy of their weights.
         self.wide = bool(kernels.wide_available())
         self.amx = bool(kernels.amx_available())
         # Every pass runs on the process's torch threads as they were outside any

@@ -16,7 +16,7 @@
 // (xq, with scale dx and dx * sum(xq)), with integer dot products inside a block, as
 // llama.cpp does; float matrices multiply float32 activations. Where the CPU has AVX-512
 // VNNI, quantised matrices also carry a wide layout of 16 outputs per group (matmul_wide_rows),
-// and where it has AMX tiles, passes of many rows take them for the integer products
+// as Q4 matrices do where it has AVX2 and no VNNI, and where it has AMX tiles, passes of many rows take them for the integer products
 // (matmul_amx); every kernel gives a row the same bits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -69,6 +69,13 @@
 // the CPU has AVX-512 VNNI (Intel from Ice Lake, AMD from Zen 4).
 #if defined(VS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define VS_WIDE 1
+#endif
+// The same layout with an AVX2 kernel where the CPU has AVX2 and no VNNI at all (AMD Zen 2
+// and 3, Intel Haswell to Comet Lake): maddubs against broadcast codes of the row instead of
+// tile_quant's horizontal adds.
+#if defined(VS_AVX2) && !defined(VS_VNNI)
+#define VS_WIDE 1
+#define VS_WIDE_AVX2 1
 #endif
 
 // AMX tiles (int8) on the wide layout for passes of many rows, where the CPU has them
@@ -425,7 +432,11 @@ static Matrix make_matrix(int64_t format, int64_t rows, int64_t cols, at::Tensor
   if (minimum.defined()) m.m = minimum.data_ptr<float>();
   if (bias.defined()) m.b = bias.data_ptr<float>();
 #ifdef VS_WIDE
+#ifdef VS_WIDE_AVX2  // 4-bit only: its kernel for 8-bit codes measured slower than tile_quant
+  if (format == Q4 && wide_available()) prepack_wide(m);
+#else
   if (quantized && wide_available()) prepack_wide(m);
+#endif
 #endif
   return m;
 }
@@ -620,6 +631,14 @@ static inline void load_tile_block(const Matrix& w, int64_t t, int64_t b, __m256
 }
 #endif
 
+// The valid outputs of a tile's R rows into y.
+template <int R>
+static inline void store_tile(const Matrix& w, int64_t t, const float (*out)[TILE], float* y, int64_t ldy) {
+  const int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
+}
+
 // A quantised tile's last step: Q4 adds the sum over blocks of m_w * s_x per output (in block
 // order, after the products), then the valid outputs are stored.
 template <int R, bool Q4BLOCKS>
@@ -636,9 +655,7 @@ static void finish_tile(const Matrix& w, int64_t t, const QuantRows& xq, int64_t
       for (int j = 0; j < TILE; j++) out[r][j] += minimum[j];
     }
   }
-  const int64_t valid = std::min<int64_t>(TILE, w.rows - t * TILE);
-  for (int r = 0; r < R; r++)
-    for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
+  store_tile<R>(w, t, out, y, ldy);
 }
 
 // Quantised: per block and output, the exact integer dot product of the codes and the row's
@@ -659,12 +676,21 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
   float out[R][TILE];
 #ifdef VS_AVX2
   const __m256i ones = _mm256_set1_epi16(1);
-  __m128 acc[R];
-  for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
+  // Q4's sums of m_w * s_x per output run beside the products (finish_tile's chains in
+  // the same order, one vector a row): after the loop they were latency-bound, 5 cycles a
+  // block and row.
+  const float* Mn = Q4BLOCKS ? w.m + t * B * TILE : nullptr;
+  const float* SX = xq.s.data() + r0 * B;
+  __m128 acc[R], minimum[R];
+  for (int r = 0; r < R; r++) acc[r] = minimum[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < B; b++) {
     __m256i wv[TILE];  // 8-bit: signed codes (|w| as unsigned bytes below, the sign moving onto x)
     load_tile_block<Q4BLOCKS>(w, t, b, wv);
     const __m128 d4 = _mm_loadu_ps(D + b * TILE);  // d_w of outputs 0..3
+    if (Q4BLOCKS) {
+      const __m128 m4 = _mm_loadu_ps(Mn + b * TILE);
+      for (int r = 0; r < R; r++) minimum[r] = _mm_fmadd_ps(m4, _mm_broadcast_ss(SX + r * B + b), minimum[r]);
+    }
     for (int r = 0; r < R; r++) {
       const __m256i xv = _mm256_loadu_si256((const __m256i*)(X + r * K + b * QK));
       __m256i sums;  // per 128-bit half: outputs 0..3, 16 products each
@@ -693,7 +719,8 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
       acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(block), scale, acc[r]);
     }
   }
-  for (int r = 0; r < R; r++) _mm_storeu_ps(out[r], acc[r]);
+  for (int r = 0; r < R; r++) _mm_storeu_ps(out[r], Q4BLOCKS ? _mm_add_ps(acc[r], minimum[r]) : acc[r]);
+  store_tile<R>(w, t, out, y, ldy);
 #else
   const uint8_t* C4 = (const uint8_t*)w.raw;
   const int8_t* C8 = (const int8_t*)w.raw;
@@ -718,9 +745,70 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
       }
       out[r][j] = acc;
     }
-#endif
   finish_tile<R, Q4BLOCKS>(w, t, xq, r0, out, y, ldy);
+#endif
 }
+
+#if defined(VS_AVX2) && !defined(VS_VNNI)
+// 2 rows times one tile, for CPUs without VNNI: the same integers and float steps per (row,
+// output) as tile_quant, so a row's result does not depend on which kernel ran it. A vector
+// holds both rows: [row 0 | row 1] by 128-bit halves, 16 activations each, against the
+// output's 16 weights of that half of the block broadcast to both (a 4-bit block's low
+// nibbles are weights 0..15 and its high nibbles 16..31, so no unpacking shuffle is needed).
+// Each row's sums then land in its own half, and three horizontal adds a block gather both
+// rows' 4 outputs, [row 0: o0 o1 o2 o3 | row 1: o0 o1 o2 o3], where tile_quant spends three a
+// row and a block and a lane extraction besides: on AVX2 these shuffles bound its passes.
+// 4-bit: the two halves' pairs of products are summed in 16 bits (at most 4 * 15 * 127);
+// 8-bit: widened first (a pair reaches 2 * 128 * 127).
+template <bool Q4BLOCKS>
+static void tile_duo(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+  const int64_t B = w.blocks(), K = w.cols;
+  const float* D = w.d + t * B * TILE;
+  const int8_t* X = xq.q.data() + r0 * K;
+  const float* DX = xq.d.data() + r0 * B;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const float* Mn = Q4BLOCKS ? w.m + t * B * TILE : nullptr;
+  const float* SX = xq.s.data() + r0 * B;
+  __m256 acc = _mm256_setzero_ps(), minimum = _mm256_setzero_ps();  // as tile_quant's
+  for (int64_t b = 0; b < B; b++) {
+    if (Q4BLOCKS) {
+      const __m256 sx = _mm256_set_m128(_mm_broadcast_ss(SX + B + b), _mm_broadcast_ss(SX + b));
+      minimum = _mm256_fmadd_ps(_mm256_broadcast_ps((const __m128*)(Mn + b * TILE)), sx, minimum);
+    }
+    __m256i xv[2];  // half h of the block, both rows
+    for (int h = 0; h < 2; h++)
+      xv[h] = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(X + b * QK + 16 * h))),
+          _mm_loadu_si128((const __m128i*)(X + K + b * QK + 16 * h)), 1);
+    __m256i s[TILE];  // per output: 4 sums of 8 products per row
+    for (int j = 0; j < TILE; j++) {
+      if (Q4BLOCKS) {
+        const uint8_t* raw = (const uint8_t*)w.raw + ((t * B + b) * TILE + j) * (QK / 2);
+        const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)raw));
+        const __m256i lo = _mm256_and_si256(both, nibble);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), nibble);
+        s[j] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xv[0]), _mm256_maddubs_epi16(hi, xv[1])),
+                                 ones);
+      } else {
+        const int8_t* codes = (const int8_t*)w.raw + ((t * B + b) * TILE + j) * QK;
+        s[j] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+          const __m256i wv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(codes + 16 * h)));
+          s[j] = _mm256_add_epi32(s[j], VS_DOT4(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv[h], wv), ones));
+        }
+      }
+    }
+    const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256 d4 = _mm256_broadcast_ps((const __m128*)(D + b * TILE));
+    const __m256 dx = _mm256_set_m128(_mm_broadcast_ss(DX + B + b), _mm_broadcast_ss(DX + b));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d4, dx), acc);
+  }
+  float out[2][TILE];
+  _mm256_storeu_ps(&out[0][0], Q4BLOCKS ? _mm256_add_ps(acc, minimum) : acc);
+  store_tile<2>(w, t, out, y, ldy);
+}
+#endif
 
 #ifdef VS_VNNI
 // 2 to 4 rows times one tile on VNNI: the same integers, products and sums per (row, output)
@@ -962,6 +1050,17 @@ static void run_tile(const Matrix& w, int64_t t, const float* x, const QuantRows
   if (R >= 2 && w.format == Q4) return tile_quant_vnni<R, true>(w, t, xq, r0, y, ldy);
   if (R >= 2 && w.format == Q8_0) return tile_quant_vnni<R, false>(w, t, xq, r0, y, ldy);
 #endif
+#if defined(VS_AVX2) && !defined(VS_VNNI)
+  // 2 rows in tile_duo; 3 as 2 there and 1 in tile_quant (the tile's weights are in L1 by then).
+  if ((R == 2 || R == 3) && (w.format == Q4 || w.format == Q8_0)) {
+    if (w.format == Q4)
+      tile_duo<true>(w, t, xq, r0, y, ldy);
+    else
+      tile_duo<false>(w, t, xq, r0, y, ldy);
+    if (R == 3) run_tile<1>(w, t, x, xq, r0 + 2, y + 2 * ldy, ldy);
+    return;
+  }
+#endif
   switch (w.format) {
     case Q4: tile_quant<R, true>(w, t, xq, r0, y, ldy); break;
     case Q8_0: tile_quant<R, false>(w, t, xq, r0, y, ldy); break;
@@ -998,6 +1097,10 @@ static std::atomic<int64_t> amx_min_rows_{-1};
 constexpr int64_t AMX_MIN_ROWS = 9;
 constexpr int64_t WIDE_ROWS_MAX = 8;  // with tiles; without, the VNNI kernel takes every pass
 constexpr int64_t WIDE_OUTPUTS = 16;  // outputs per group of the wide layout
+// The most rows the AVX2 kernel of the wide layout takes: from there the lanes kernel is as
+// fast (AMD Zen 2, 2 cores, whole verify passes against the vector kernels: 8 rows 7% faster,
+// 16 level, 64 5% slower).
+constexpr int64_t WIDE_AVX2_ROWS_MAX = 16;
 #ifdef VS_AMX
 // ---------------------------------------------------------------------------------------
 // AMX (Intel's tile matrix unit): 16 rows x 16 outputs of a quantised matrix at a time.
@@ -1166,7 +1269,68 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
 
 #endif
 
-#ifdef VS_WIDE
+#ifdef VS_WIDE_AVX2
+// Up to 8 rows times a group of 16 outputs of a 4-bit matrix on the wide layout, with AVX2
+// and no VNNI: each half of a tile row (8 outputs x 4 codes) against 4 of a row's codes
+// broadcast; maddubs gives pairs of products, a block's 8 groups are summed in 16 bits (at
+// most 8 * 2 * 15 * 127 = 30480) and widened once, so no horizontal adds (tile_quant's bound
+// on AVX2) and one unpacking of the weights for all the rows. The same integers and float
+// steps, in tile_quant's order, as every kernel. (8-bit matrices keep the vector kernels:
+// with |w| against sign-moved codes, widened per group, this kernel measured slower there.)
+template <bool Q4BLOCKS, int R>
+static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+  static_assert(Q4BLOCKS, "the AVX2 wide layout holds 4-bit matrices only");
+  const int64_t B = w.blocks(), K = w.cols;
+  const uint8_t* tiles = w.wide_codes + g * B * 256;
+  const float* dw = w.wide_d + g * B * WIDE_OUTPUTS;
+  const float* mw = w.wide_m + g * B * WIDE_OUTPUTS;
+  const float* DX = xq.d.data() + r0 * B;
+  const float* SX = xq.s.data() + r0 * B;
+  const int8_t* X = xq.q.data() + r0 * K;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R][2], minimum[R][2];
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < 2; h++) acc[r][h] = minimum[r][h] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < B; b++) {
+    for (int h = 0; h < 2; h++) {  // outputs 8h .. 8h + 7
+      __m256i wv[QK / 4];          // wv[k]: codes 4k .. 4k + 3 of the 8 outputs
+      for (int k = 0; k < 4; k++) {
+        const __m256i v = _mm256_load_si256((const __m256i*)(tiles + b * 256 + 64 * k + 32 * h));
+        wv[k] = _mm256_and_si256(v, low), wv[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      const __m256 d = _mm256_loadu_ps(dw + b * WIDE_OUTPUTS + 8 * h);
+      for (int r = 0; r < R; r++) {
+        const int8_t* x = X + r * K + b * QK;
+        __m256i sums = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) {
+          int32_t four;
+          std::memcpy(&four, x + 4 * k, 4);
+          sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(wv[k], _mm256_set1_epi32(four)));
+        }
+        const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(DX[r * B + b]));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones)), scale, acc[r][h]);
+        // the minimums in block order too, apart from the products
+        minimum[r][h] =
+            _mm256_fmadd_ps(_mm256_loadu_ps(mw + b * WIDE_OUTPUTS + 8 * h), _mm256_set1_ps(SX[r * B + b]), minimum[r][h]);
+      }
+    }
+  }
+  const int64_t valid = std::min<int64_t>(WIDE_OUTPUTS, w.rows - g * WIDE_OUTPUTS);
+  for (int r = 0; r < R; r++) {
+    float* out = y + (r0 + r) * ldy + g * WIDE_OUTPUTS;
+    for (int h = 0; h < 2; h++) {
+      const __m256 v = _mm256_add_ps(acc[r][h], minimum[r][h]);
+      if (valid >= 8 * (h + 1)) {
+        _mm256_storeu_ps(out + 8 * h, v);
+      } else {
+        alignas(32) float part[8];
+        _mm256_store_ps(part, v);
+        for (int64_t n = 8 * h; n < valid; n++) out[n] = part[n - 8 * h];
+      }
+    }
+  }
+}
+#elif defined(VS_WIDE)
 // Up to 8 rows times a group of 16 outputs on the wide layout, with AVX-512 VNNI:
 // a tile row of weights is one vector whose lane n holds 4 codes of output n, so one dpbusd
 // against 4 of a row's codes, broadcast, adds to all 16 outputs' block sums at once; no
@@ -1226,6 +1390,9 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
   }
 }
 
+#endif
+
+#ifdef VS_WIDE
 // y = x W^T for the M rows quantised in xq, wide_rows by groups of 16 outputs, the rows in
 // chunks of at most 8 (a group's weights stay in L1 between chunks).
 template <bool Q4BLOCKS>
@@ -1289,7 +1456,11 @@ static int64_t amx_min_rows() {
 }
 static int64_t wide_max_rows() {
   if (amx_min_rows_.load() == 0) return 0;
+#ifdef VS_WIDE_AVX2
+  return WIDE_AVX2_ROWS_MAX;
+#else
   return amx_available() ? WIDE_ROWS_MAX : INT64_MAX;
+#endif
 }
 
 // Sets the rows from which passes take AMX tiles (0: neither tiles nor the wide layout's
@@ -1345,10 +1516,14 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
     }
 #endif
     if (M <= wide_max_rows()) {
+#ifdef VS_WIDE_AVX2
+      matmul_wide_rows<true>(w, scratch, M, y, ldy);  // only 4-bit matrices carry the layout here
+#else
       if (w.format == Q4)
         matmul_wide_rows<true>(w, scratch, M, y, ldy);
       else
         matmul_wide_rows<false>(w, scratch, M, y, ldy);
+#endif
       return add_bias(w, M, y, ldy);
     }
   }
