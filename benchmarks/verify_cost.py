@@ -12,8 +12,9 @@ A configuration ``native`` times verispec's native decoder with the file's own f
 ``native-compiled`` time the native decoder's torch path, eager and through ``torch.compile``
 (its compile time is spent in the load's self-test, before any timing); ``native-vector`` times
 the native decoder with its wide-layout kernels off (the vector kernels on every pass; where the
-CPU has no AVX-512 VNNI it is ``native``) and ``native-amxN`` with AMX tile products from N rows
-up, the wide layout's VNNI kernel below (the threshold's A/B, where the CPU has tiles);
+CPU has no wide layout, neither AVX-512 VNNI nor AVX2 without VNNI, it is ``native``) and
+``native-amxN`` with AMX tile products from N rows up, the wide layout's VNNI kernel below
+(the threshold's A/B, where the CPU has tiles);
 ``llama.cpp`` times the llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on
 another GGUF file (another quantisation type, say):
 

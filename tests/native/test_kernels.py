@@ -155,7 +155,10 @@ def test_the_wide_kernels_give_each_row_what_the_vector_kernels_give(ext, name, 
     # kernel works on blocks in pairs); -128 among the 8-bit codes. Rows past a multiple of
     # 16 are padding.
     if not ext.wide_available():
-        pytest.skip("no AVX2 or AVX-512 VNNI on this CPU (or VERISPEC_WIDE=0): the vector kernels run every pass")
+        pytest.skip(
+            "no wide layout on this CPU (it needs AVX-512 VNNI, or AVX2 without VNNI) or VERISPEC_WIDE=0: "
+            "the vector kernels run every pass"
+        )
     values = (RNG.standard_normal((36, 96)) * 0.05).astype(np.float32)
     raw = quants.quantize(values, GGML[name]).reshape(36, -1).copy()
     if name == "Q8_0":
