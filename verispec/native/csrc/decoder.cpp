@@ -70,10 +70,14 @@
 #if defined(VS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define VS_WIDE 1
 #endif
-// The same layout with an AVX2 kernel where the CPU has AVX2 and no VNNI at all (AMD Zen 2
-// and 3, Intel Haswell to Comet Lake): maddubs against broadcast codes of the row instead of
-// tile_quant's horizontal adds.
+// AVX2 and no VNNI of either width (AMD Zen 2 and 3, Intel Haswell to Comet Lake): kernels of
+// their own for short passes (the duo and quads kernels, part groups of rows).
 #if defined(VS_AVX2) && !defined(VS_VNNI)
+#define VS_AVX2_NO_VNNI 1
+#endif
+// There, the same layout with an AVX2 kernel: maddubs against broadcast codes of the row
+// instead of tile_quant's horizontal adds.
+#ifdef VS_AVX2_NO_VNNI
 #define VS_WIDE 1
 #define VS_WIDE_AVX2 1
 #endif
@@ -530,7 +534,7 @@ static void pack_lanes(QuantRows& xq, int64_t groups, int64_t K, int64_t M) {
     }
 }
 
-#if defined(VS_AVX2) && !defined(VS_VNNI)
+#ifdef VS_AVX2_NO_VNNI
 constexpr int64_t QUAD = 4;  // rows per group in the quads kernel
 // Without VNNI, a Q4 pass's rows past its groups of 8: from QUADS_FROM of them a part group
 // (matmul_q4_part_group), from LANES_PADDED_FROM one of the lanes kernel, else the quads kernel.
@@ -770,7 +774,7 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
 #endif
 }
 
-#if defined(VS_AVX2) && !defined(VS_VNNI)
+#ifdef VS_AVX2_NO_VNNI
 // 2 rows times one tile, for CPUs without VNNI: the same integers and float steps per (row,
 // output) as tile_quant, so a row's result does not depend on which kernel ran it. A vector
 // holds both rows: [row 0 | row 1] by 128-bit halves, 16 activations each, against the
@@ -954,7 +958,7 @@ static void tile_q4_lanes(const Matrix& w, int64_t t, const uint8_t* codes, cons
     for (int64_t j = 0; j < valid; j++) y[r * ldy + j] = out[j][r];
 }
 
-#ifndef VS_VNNI
+#ifdef VS_AVX2_NO_VNNI
 // Q4 times 4 rows at once, for CPUs without VNNI: the same arithmetic per (row, output)
 // as tile_quant, so a row's result does not depend on which kernel ran it. A vector's 8 lanes
 // are (row, half of an 8-byte pair of groups): the rows' codes of bytes 8p..8p+7 of a block
@@ -1072,7 +1076,7 @@ static void run_tile(const Matrix& w, int64_t t, const float* x, const QuantRows
   if (R >= 2 && w.format == Q4) return tile_quant_vnni<R, true>(w, t, xq, r0, y, ldy);
   if (R >= 2 && w.format == Q8_0) return tile_quant_vnni<R, false>(w, t, xq, r0, y, ldy);
 #endif
-#if defined(VS_AVX2) && !defined(VS_VNNI)
+#ifdef VS_AVX2_NO_VNNI
   // 2 rows in tile_duo; 3 as 2 there and 1 in tile_quant (the tile's weights are in L1 by then).
   if ((R == 2 || R == 3) && (w.format == Q4 || w.format == Q8_0)) {
     if (w.format == Q4)
@@ -1499,7 +1503,7 @@ static bool set_amx_min_rows(int64_t rows) {
   return amx_available();
 }
 
-#if defined(VS_AVX2) && !defined(VS_VNNI)
+#ifdef VS_AVX2_NO_VNNI
 // A Q4 pass whose rows past its groups of 8 are 4 to 7, without VNNI: those rows cost less in
 // a part group than in tile_quant, whose horizontal adds bound its passes of 2 to 4 rows on
 // AVX2 (the shuffle port). 5 to 7 of them take a group of 8 in the lanes kernel, padded with
@@ -1562,7 +1566,7 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
     for (int64_t i = 0; i < M * w.cols; i++) scratch.biased[i] = (uint8_t)scratch.q[i] ^ 0x80;
   }
 #endif
-#if defined(VS_AVX2) && !defined(VS_VNNI)
+#ifdef VS_AVX2_NO_VNNI
   if (w.format == Q4 && M % LANES >= QUADS_FROM) return matmul_q4_part_group(w, M, y, ldy, scratch);
 #endif
 #ifdef VS_AVX2
