@@ -785,7 +785,11 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
 // row and a block and a lane extraction besides: on AVX2 these shuffles bound its passes.
 // 4-bit: the two halves' pairs of products are summed in 16 bits (at most 4 * 15 * 127);
 // 8-bit: widened first (a pair reaches 2 * 128 * 127).
-template <bool Q4BLOCKS>
+// P pairs of rows (rows r0 .. r0 + 2P - 1) share each block's broadcast weights (and for
+// 8-bit their magnitudes |w|): the LM head's (8-bit) 4-row tiles take P = 2, 13-15% faster
+// than tile_quant's 4 rows there (Zen 2: 49,152 x 576, 4 to 16 rows), where two calls of
+// one pair each were 0-8% faster.
+template <bool Q4BLOCKS, int P = 1>
 static void tile_duo(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
   const float* D = w.d + t * B * TILE;
@@ -795,44 +799,58 @@ static void tile_duo(const Matrix& w, int64_t t, const QuantRows& xq, int64_t r0
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const float* Mn = Q4BLOCKS ? w.m + t * B * TILE : nullptr;
   const float* SX = xq.s.data() + r0 * B;
-  __m256 acc = _mm256_setzero_ps(), minimum = _mm256_setzero_ps();  // as tile_quant's
+  __m256 acc[P], minimum[P];  // per pair of rows, as tile_quant's
+  for (int p = 0; p < P; p++) acc[p] = minimum[p] = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; b++) {
     prefetch_tile_block<Q4BLOCKS>(w, t, b + PREFETCH_BLOCKS);
     if (Q4BLOCKS) {
-      const __m256 sx = _mm256_set_m128(_mm_broadcast_ss(SX + B + b), _mm_broadcast_ss(SX + b));
-      minimum = _mm256_fmadd_ps(_mm256_broadcast_ps((const __m128*)(Mn + b * TILE)), sx, minimum);
+      const __m256 m4 = _mm256_broadcast_ps((const __m128*)(Mn + b * TILE));
+      for (int p = 0; p < P; p++) {
+        const float* sx = SX + 2 * p * B + b;
+        minimum[p] = _mm256_fmadd_ps(m4, _mm256_set_m128(_mm_broadcast_ss(sx + B), _mm_broadcast_ss(sx)), minimum[p]);
+      }
     }
-    __m256i xv[2];  // half h of the block, both rows
-    for (int h = 0; h < 2; h++)
-      xv[h] = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(X + b * QK + 16 * h))),
-          _mm_loadu_si128((const __m128i*)(X + K + b * QK + 16 * h)), 1);
-    __m256i s[TILE];  // per output: 4 sums of 8 products per row
+    __m256i xv[P][2];  // pair p, half h of the block: both rows
+    for (int p = 0; p < P; p++)
+      for (int h = 0; h < 2; h++) {
+        const int8_t* row = X + 2 * p * K + b * QK + 16 * h;
+        xv[p][h] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)row)),
+                                           _mm_loadu_si128((const __m128i*)(row + K)), 1);
+      }
+    __m256i s[P][TILE];  // per pair and output: 4 sums of 8 products per row
     for (int j = 0; j < TILE; j++) {
       if (Q4BLOCKS) {
         const uint8_t* raw = (const uint8_t*)w.raw + ((t * B + b) * TILE + j) * (QK / 2);
         const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)raw));
         const __m256i lo = _mm256_and_si256(both, nibble);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), nibble);
-        s[j] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xv[0]), _mm256_maddubs_epi16(hi, xv[1])),
-                                 ones);
+        for (int p = 0; p < P; p++)
+          s[p][j] = _mm256_madd_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo, xv[p][0]), _mm256_maddubs_epi16(hi, xv[p][1])), ones);
       } else {
         const int8_t* codes = (const int8_t*)w.raw + ((t * B + b) * TILE + j) * QK;
-        s[j] = _mm256_setzero_si256();
+        for (int p = 0; p < P; p++) s[p][j] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
           const __m256i wv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(codes + 16 * h)));
-          s[j] = _mm256_add_epi32(s[j], VS_DOT4(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv[h], wv), ones));
+          const __m256i magnitude = _mm256_sign_epi8(wv, wv);  // |w|, shared by the pairs
+          for (int p = 0; p < P; p++)
+            s[p][j] = _mm256_add_epi32(s[p][j], VS_DOT4(magnitude, _mm256_sign_epi8(xv[p][h], wv), ones));
         }
       }
     }
-    const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
     const __m256 d4 = _mm256_broadcast_ps((const __m128*)(D + b * TILE));
-    const __m256 dx = _mm256_set_m128(_mm_broadcast_ss(DX + B + b), _mm_broadcast_ss(DX + b));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d4, dx), acc);
+    for (int p = 0; p < P; p++) {
+      const __m256i sums =
+          _mm256_hadd_epi32(_mm256_hadd_epi32(s[p][0], s[p][1]), _mm256_hadd_epi32(s[p][2], s[p][3]));
+      const float* dx = DX + 2 * p * B + b;
+      const __m256 dxs = _mm256_set_m128(_mm_broadcast_ss(dx + B), _mm_broadcast_ss(dx));
+      acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d4, dxs), acc[p]);
+    }
   }
-  float out[2][TILE];
-  _mm256_storeu_ps(&out[0][0], Q4BLOCKS ? _mm256_add_ps(acc, minimum) : acc);
-  store_tile<2>(w, t, out, y, ldy);
+  float out[2 * P][TILE];
+  for (int p = 0; p < P; p++)
+    _mm256_storeu_ps(&out[2 * p][0], Q4BLOCKS ? _mm256_add_ps(acc[p], minimum[p]) : acc[p]);
+  store_tile<2 * P>(w, t, out, y, ldy);
 }
 #endif
 
@@ -1086,6 +1104,8 @@ static void run_tile(const Matrix& w, int64_t t, const float* x, const QuantRows
     if (R == 3) run_tile<1>(w, t, x, xq, r0 + 2, y + 2 * ldy, ldy);
     return;
   }
+  // 8-bit, 4 rows: two pairs in one pass over the block, sharing each broadcast and |w|.
+  if (R == 4 && w.format == Q8_0) return tile_duo<false, 2>(w, t, xq, r0, y, ldy);
 #endif
   switch (w.format) {
     case Q4: tile_quant<R, true>(w, t, xq, r0, y, ldy); break;
