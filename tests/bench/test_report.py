@@ -207,3 +207,26 @@ def test_prefill_rate_from_summed_prompts(records):
     overall = {row.config: row for row in rows if row.category == OVERALL}
     # none: prompts of 100 and 200 tokens read in 0.1 + 0.2 s: 300 / 0.3
     assert overall["none"].prefill_tokens_per_second == pytest.approx(1000.0)
+
+
+def test_decode_speedup_takes_each_runs_prefill_out(records):
+    # Every run read its prompt in 0.2 s. Decoding alone: plain 80 tokens in 0.6 s on both
+    # prompts, lookup in 0.2 and 0.3 s: ratios 3 and 2, geometric mean 6 ** 0.5 = 2.449;
+    # over the whole request 0.8 / 0.4 and 0.8 / 0.5: 3.2 ** 0.5 = 1.789.
+    for r in records:
+        r["stats"]["prefill_seconds"] = 0.2
+    row = next(r for r in summarise(records, "none", greedy=True) if r.config == "lookup:k=4")
+    assert row.speedup_own == pytest.approx(3.2**0.5, abs=RATIO_TOL)
+    assert row.decode_speedup_own == pytest.approx(6**0.5, abs=RATIO_TOL)
+    plain = next(r for r in summarise(records, "none", greedy=True) if r.config == "none")
+    assert plain.decode_speedup_own == pytest.approx(1.0)
+
+
+def test_decode_speedup_only_where_both_runs_report_their_prefill(records):
+    # The fixture's stats say nothing of prefill (a peer's runs, or results saved before it was
+    # timed): no decode speed-up rather than the whole request's under another name.
+    rows = summarise(records, "none", greedy=True)
+    assert all(row.decode_speedup_own is None for row in rows)
+    records[0]["stats"]["prefill_seconds"] = 0.2  # one side of one pair only
+    row = next(r for r in summarise(records, "none", greedy=True) if r.config == "lookup:k=4")
+    assert row.decode_speedup_own is None

@@ -60,7 +60,7 @@ def _console() -> Any:
     from rich.console import Console
 
     # A wide table: when writing to a file or pipe, do not squeeze it into 80 columns.
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return Console(width=None if sys.stdout.isatty() else 320)
 
 
 def _report(document: dict[str, Any], directory: Path, baseline: str) -> None:

@@ -12,13 +12,17 @@ Per category (and overall) and configuration:
   ``none:backend=llama.cpp`` for ``lookup:backend=llama.cpp``, ``llama.cpp`` for
   ``llama.cpp-lookup``), and the speed-up over it (``vs own``). Cost steps, efficiency and
   identity are measured against that run;
+- decode vs own: the same geometric mean with each run's prefill taken out (tokens over
+  wall-clock seconds less prefill seconds), where both runs report their prefill (verispec
+  runtimes). Speculation changes only the decoding: where prompts are long against the
+  answers, the speed-up over the whole request is this one diluted by the prefill;
 - tokens per round, acceptance rate, per-position acceptance, bonus shortfall: from the
   summed round counts;
 - cost steps: mean time of a drafted round over the own plain run's mean step time;
 - pays: tokens per drafted round > cost steps;
 - predicted speed-up: the theory (rounds.predicted_speedup_for_rounds) fed with the measured
-  mix of round sizes, per-position acceptance and cost; efficiency = measured (vs own plain)
-  / predicted;
+  mix of round sizes, per-position acceptance and cost; efficiency = measured (vs own plain,
+  prefill included) / predicted;
 - identical: for greedy runs, the share of prompts whose tokens equal the own plain run's.
 """
 
@@ -45,6 +49,7 @@ class Row:
     identical: float | None
     own_plain: str = ""
     speedup_own: float | None = None
+    decode_speedup_own: float | None = None
     tokens_per_round: float | None = None
     acceptance_rate: float | None = None
     per_position: list[float] = field(default_factory=list)
@@ -86,6 +91,28 @@ def _geometric_mean_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) ->
     if not ratios or min(ratios) <= 0:
         return None
     return math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+
+
+def _decode_seconds(record: dict[str, Any]) -> float | None:
+    """A run's wall-clock seconds less its prefill; None where it does not report its prefill."""
+    prefill = (record.get("stats") or {}).get("prefill_seconds")
+    if prefill is None:
+        return None
+    return float(record["seconds"]) - float(prefill)
+
+
+def _decode_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> float | None:
+    """The geometric mean of decode tok/s ratios (``_decode_seconds``); None unless every pair
+    reports its prefill on both sides."""
+    decoded = []
+    for run, base in pairs:
+        seconds, base_seconds = _decode_seconds(run), _decode_seconds(base)
+        if seconds is None or base_seconds is None or seconds <= 0 or base_seconds <= 0:
+            return None
+        decoded.append(
+            ({"tokens_per_second": run["tokens"] / seconds}, {"tokens_per_second": base["tokens"] / base_seconds})
+        )
+    return _geometric_mean_ratio(decoded) if decoded else None
 
 
 def run_key(record: dict[str, Any]) -> tuple[int, int]:
@@ -136,6 +163,7 @@ def summarise(
                 ),
                 own_plain=own_label,
                 speedup_own=_geometric_mean_ratio(own_pairs),
+                decode_speedup_own=_decode_ratio(own_pairs),
             )
             row.peak_rss_mb = max(r["peak_rss_mb"] for r in runs)
             if all(r.get("stats") for r in runs):
@@ -170,6 +198,7 @@ COLUMNS = (
     Column("speed-up", lambda row: _fmt(row.speedup, "{:.2f}x")),
     Column("own plain", lambda row: row.own_plain, left=True),
     Column("vs own", lambda row: _fmt(row.speedup_own, "{:.2f}x")),
+    Column("decode vs own", lambda row: _fmt(row.decode_speedup_own, "{:.2f}x")),
     Column("tok/round", lambda row: _fmt(row.tokens_per_round)),
     Column("accept", lambda row: _fmt(row.acceptance_rate, "{:.0%}")),
     Column("per-position", lambda row: " ".join(f"{a:.2f}" for a in row.per_position[:8]) or "-", left=True),
