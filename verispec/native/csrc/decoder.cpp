@@ -643,7 +643,7 @@ static inline void store_tile(const Matrix& w, int64_t t, const float (*out)[TIL
     for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
 }
 
-#ifdef VS_WIDE_AVX2
+#ifdef VS_AVX2_NO_VNNI
 // How many blocks ahead the kernels of AVX2 CPUs without VNNI prefetch their weights: with
 // the hardware prefetchers alone the wide layout's AVX2 kernel left a plain step 7% and a
 // 2-row pass 8-10% slower (Zen 2, whole passes; 8 ahead measured the same as 4).
@@ -707,7 +707,7 @@ static void tile_quant(const Matrix& w, int64_t t, const QuantRows& xq, int64_t 
   for (int r = 0; r < R; r++) acc[r] = minimum[r] = _mm_setzero_ps();
   for (int64_t b = 0; b < B; b++) {
     __m256i wv[TILE];  // 8-bit: signed codes (|w| as unsigned bytes below, the sign moving onto x)
-#ifdef VS_WIDE_AVX2
+#ifdef VS_AVX2_NO_VNNI
     prefetch_tile_block<Q4BLOCKS>(w, t, b + PREFETCH_BLOCKS);
 #endif
     load_tile_block<Q4BLOCKS>(w, t, b, wv);
