@@ -16,6 +16,11 @@ many rounds a request auto drafted and probed. Nothing is timed: the numbers are
     .venv/bin/python benchmarks/governor_sim.py
     .venv/bin/python benchmarks/governor_sim.py --memory  # start from the acceptance an engine learned
     .venv/bin/python benchmarks/governor_sim.py --profile 0.45,0.5,0.6 --requests 1000
+    .venv/bin/python benchmarks/governor_sim.py --learn --profile "0.2,0.3/0.7,0.7"  # a mixed workload
+
+``--learn`` runs the requests in turn through one engine's ``AcceptanceMemory``, as the planner
+does: each starts from what the requests before it taught, and teaches the next. A profile of
+several parts joined by "/" is a mixed workload: request i takes part i modulo their number.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from verispec.governor import CostModel, Governor
+from verispec.governor import AcceptanceMemory, CostModel, Governor
 
 PROFILES = ("0", "0.2,0.3,0.4", "0.35,0.45,0.5,0.6", "0.45,0.5,0.6,0.65", "0.6,0.65,0.7,0.7", "0.8,0.8,0.85,0.85")
 
@@ -46,13 +51,24 @@ def accepted_prefix(profile: list[float], k: int, rng: np.random.Generator) -> i
 
 
 def simulate(
-    profile: list[float], costs: CostModel, tokens: int, seed: int, fixed: int | None, k_max: int, memory: bool
+    profile: list[float],
+    costs: CostModel,
+    tokens: int,
+    seed: int,
+    fixed: int | None,
+    k_max: int,
+    memory: bool,
+    learned: AcceptanceMemory | None = None,
 ) -> Outcome:
     """One request: ``fixed`` k every round, or the governor's choice (None). ``memory``: the
     governor starts from the profile itself, as from an engine's acceptance memory that has
-    learned it over earlier requests; else from the prior."""
+    learned it over earlier requests; else from the prior. ``learned``: it starts from this
+    memory, and teaches it what the request saw (``--learn``)."""
     rng = np.random.default_rng(seed)
-    governor = Governor(k_max, costs, adapt_costs=False, start=profile if memory else ())
+    if learned is not None:
+        governor = Governor(k_max, costs, adapt_costs=False, start=learned.start(), schedule=learned.schedule)
+    else:
+        governor = Governor(k_max, costs, adapt_costs=False, start=profile if memory else ())
     out = Outcome()
     while out.tokens < tokens:
         after_plain = not governor.proposed_last
@@ -63,6 +79,8 @@ def simulate(
         out.tokens += accepted + 1
         out.drafted += int(k > 0)
     out.probes = governor.probes
+    if learned is not None:
+        learned.learn(governor)
     return out
 
 
@@ -76,21 +94,27 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--k-max", type=int, default=8)
     parser.add_argument("--memory", action="store_true", help="start from the true acceptance (a learned memory)")
+    parser.add_argument("--learn", action="store_true", help="carry one engine's acceptance memory across requests")
     args = parser.parse_args()
     costs = CostModel.line(1.0, args.per_row, args.draft, False, args.catch_up)
+    start = "the prior"
+    if args.memory or args.learn:
+        start = "a memory learned request by request" if args.learn else "the true acceptance"
     print(
         f"a round of k 1 costs {costs.round_steps(1):.2f} steps warm, {costs.round_steps(1, True):.2f} after a plain "
-        f"one; {args.requests} requests of {args.tokens} tokens each, starting from "
-        + ("the true acceptance" if args.memory else "the prior")
+        f"one; {args.requests} requests of {args.tokens} tokens each, starting from {start}"
     )
     print("| acceptance by position | auto | fixed k 1 | fixed k 2 | auto: drafted rounds / probes per request |")
     print("|---|---|---|---|---|")
     for text in args.profile or PROFILES:
-        profile = [float(x) for x in text.split(",")]
+        profiles = [[float(x) for x in part.split(",")] for part in text.split("/")]
         speed = {}
         for name, fixed in (("auto", None), ("k1", 1), ("k2", 2)):
+            learned = AcceptanceMemory() if args.learn else None
             runs = [
-                simulate(profile, costs, args.tokens, seed, fixed, args.k_max, args.memory)
+                simulate(
+                    profiles[seed % len(profiles)], costs, args.tokens, seed, fixed, args.k_max, args.memory, learned
+                )
                 for seed in range(args.requests)
             ]
             speed[name] = float(np.mean([r.tokens / r.steps for r in runs]))

@@ -17,9 +17,11 @@ from verispec.governor import (
     FIRST_PROBE_BUDGET,
     MEMORY_EMA,
     MEMORY_ROUNDS,
+    PROBE_BUDGET,
     PROBE_K,
     REQUEST_FORGET,
     AcceptanceMemory,
+    Backoff,
     CostModel,
     Governor,
 )
@@ -603,3 +605,102 @@ def test_a_drafter_with_state_pays_its_catch_up_in_the_round_after_a_plain_one()
     assert learner.draft_seconds_per_token == pytest.approx(0.1 + COST_EMA * 0.2)
     learner.observe_draft(0, 0.5, proposed=True, after_plain=True)  # asked, offered nothing: caught up all the same
     assert learner.catch_up_seconds == pytest.approx(1.5 + COST_EMA * (0.5 - 1.5))
+
+
+def requests_through_memory(memory, model, requests, rounds_each, carry=True):
+    """Probing governors of ``requests`` requests in turn, each started from ``memory`` and
+    teaching it, with a drafter that is always wrong; returns the engine-wide round numbers of
+    their probes. ``carry`` False: each request's back-off its own (as before ``Backoff``)."""
+    probes, clock = [], 0
+    for _ in range(requests):
+        schedule = memory.schedule if carry else None
+        governor = Governor(8, model, adapt_costs=False, start=memory.start(), schedule=schedule)
+        for _ in range(rounds_each):
+            decision = governor.next_k()
+            probes += [clock] if decision.probe else []
+            governor.observe(decision.k, 0, 0.0, model.verify(decision.k + 1))
+            clock += 1
+        memory.learn(governor)
+    return probes
+
+
+def test_a_drafter_known_not_to_pay_probes_at_the_engine_wide_budget_not_per_request():
+    # Dear rounds (a probe costs ~1.4 plain steps extra): the first back-off of a request is
+    # priced at FIRST_PROBE_BUDGET (28 rounds), the longest at PROBE_BUDGET (140). Restarted in
+    # every 60-round request, an always-wrong drafter probed at least once a request: 2.3% of
+    # plain steps. Carried through the memory, after the first request the probes come every
+    # longest back-off, across requests.
+    model = CostModel.line(1.0, 0.55, 0.1)
+    longest = Governor(8, model).longest_backoff()
+    carried = requests_through_memory(AcceptanceMemory(), model, 20, 60)
+    gaps = np.diff(carried)
+    print(f"\n  always wrong, 20 requests of 60 rounds: probes at {carried}, longest back-off {longest}")
+    # The back-off doubles up to the longest across requests as within one (a probe is the
+    # round after its back-off's plain rounds).
+    assert len(gaps) > 6 and list(gaps) == sorted(gaps) and set(gaps[-6:].tolist()) == {longest + 1}
+    assert len(carried) * Governor(8, model).probe_extra_steps() <= PROBE_BUDGET * 1200 + 2 * 1.4
+    restarted = requests_through_memory(AcceptanceMemory(), model, 20, 60, carry=False)
+    assert len(restarted) >= 20 >= 2 * len(carried)
+
+
+def test_a_carried_back_off_gives_way_where_the_memory_says_the_drafter_pays():
+    model = CostModel.line(1.0, 0.55, 0.1)  # dear probes: the longest back-off is 131 rounds
+    waiting = Backoff(length=100, left=60)
+    assert Governor(8, model, start=[0.9], schedule=waiting).next_k().k > 0  # pays: drafts at once
+    known_wrong = Governor(8, model, start=[0.0], schedule=waiting)
+    assert known_wrong.plain_left == 60 and known_wrong.backoff == 100
+    assert Governor(8, model, start=[0.0], schedule=Backoff(100, 0)).next_k().probe  # a probe was due
+    assert Governor(8, model, schedule=waiting).plain_left == 0  # from the prior: nothing known, no carry
+    shadowing = Governor(8, model, shadow=True, start=[0.0], schedule=waiting)
+    assert shadowing.plain_left == 0 and shadowing.next_k().k == 0 and shadowing.schedule() is None
+
+
+def test_what_a_request_hands_on_of_its_back_off():
+    model = CostModel.line(1.0, 0.55, 0.1)
+    carried = Backoff(length=60, left=7)  # the longest back-off here is 131
+    idle = Governor(8, model, adapt_costs=False, start=[0.0], schedule=carried)
+    assert idle.schedule() == carried  # decided nothing: the schedule goes on unchanged
+    governor = Governor(8, model, adapt_costs=False, start=[0.0], schedule=carried)
+    for _ in range(3):
+        assert governor.next_k().k == 0
+        governor.observe(0, 0, 0.0, 1.0)
+    assert governor.schedule() == Backoff(60, 4)
+    while not (decision := governor.next_k()).probe:
+        governor.observe(0, 0, 0.0, 1.0)
+    governor.observe(decision.k, 0, 0.0, 1.0)
+    # Ended on a probe that missed: the next decision would back off for 60 rounds and
+    # double the back-off after, as the next request now does.
+    assert governor.schedule() == Backoff(120, 60)
+    drafting = Governor(8, CostModel.line(1.0, 0.1, 0.1), start=[0.9])
+    assert drafting.next_k().k > 0 and drafting.schedule() is None
+
+
+def test_a_carried_back_off_still_finds_a_drafter_that_starts_to_pay():
+    # The workload changes: an always-wrong stretch teaches the memory 0, then the drafter is
+    # right 90% of the time. The carried probes come at most a longest back-off apart, and a
+    # request whose hits exceed the memory hands on no back-off.
+    model = CostModel.line(1.0, 0.55, 0.1)
+    memory = AcceptanceMemory()
+    requests_through_memory(memory, model, 6, 60)
+    assert memory.first == 0.0 and memory.schedule is not None
+    rng = np.random.default_rng(11)
+    governors_rounds = 0
+    for _ in range(10):
+        governor = Governor(8, model, adapt_costs=False, start=memory.start(), schedule=memory.schedule)
+        drafted = 0
+        for _ in range(60):
+            decision = governor.next_k()
+            hits = 0
+            while hits < decision.k and rng.random() < 0.9:
+                hits += 1
+            governor.observe(decision.k, hits, 0.0, model.verify(decision.k + 1))
+            drafted += int(decision.k > 0 and not decision.probe)
+        memory.learn(governor)
+        governors_rounds += 60
+        if drafted > 30:
+            break
+    print(f"\n  a drafter that starts to pay after a wrong stretch: drafting again within {governors_rounds} rounds")
+    # The first probe comes within a longest back-off; its hits move the memory and end the
+    # carried back-off; the memory pays after two or three more requests.
+    assert drafted > 30 and governors_rounds <= Governor(8, model).longest_backoff() + 3 * 60
+    assert memory.schedule is None

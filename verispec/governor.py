@@ -82,6 +82,9 @@ recent requests, and a request's estimate there starts from it instead of the pr
 governor, as MEMORY_ROUNDS of them, pooled with the request's own: see there). A drafter known
 to be wrong then drafts nothing at the start of the next request (from the prior it drafted
 up to 10 rounds before its estimate fell), and one known to be right drafts from the start.
+A probing drafter known not to pay also goes on with the back-off the last request ended in
+(``Backoff``): its probes are spaced across requests, at PROBE_BUDGET, instead of starting
+each request at the first back-off's dearer FIRST_PROBE_BUDGET.
 
 Requests that promise a reproducible sampled output (a seed and temperature > 0) start
 from the costs as calibrated and the prior, and change neither, because their k schedule,
@@ -167,6 +170,21 @@ REQUEST_FORGET = 0.97
 # 1.102x / 1.065x; a drafter the memory misjudges, wrong every round, 0.972x -> 0.968x).
 # Not below 1: it still bounds what a drafter that misses costs.
 STAY_GAIN = 1.01
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Where a probing governor's back-off stood when its request ended: ``length``, the
+    back-off in force (plain rounds between probes), and ``left``, its plain rounds still to
+    go before the next probe (0: the probe is due). An engine's ``AcceptanceMemory`` carries
+    it to the next request of a drafter that the memory says does not pay, so that probes
+    cost at most PROBE_BUDGET of the plain steps across requests, not FIRST_PROBE_BUDGET of
+    each request's first ones: restarted per request, a trained head on 2 AVX2 cores probed
+    twice in every 128-token request, and `--k auto` ran at 0.98x of plain
+    (`benchmarks/governor_sim.py --learn`)."""
+
+    length: int
+    left: int
 
 
 @dataclass
@@ -395,11 +413,15 @@ class Governor:
         shadow: bool = False,
         start: Sequence[float] | Mapping[Source, Sequence[float]] = (),
         branching: BranchCalibration | None = None,
+        schedule: Backoff | None = None,
     ) -> None:
         """``shadow``: plain rounds will report a shadow draft's acceptance (``observe_shadow``).
         ``start``: acceptance per draft position to start from, per source or for all
         (``AcceptanceMemory.start``); positions it lacks start at the prior. ``branching``:
-        the later-child calibration of trees to start from (copied; default the prior)."""
+        the later-child calibration of trees to start from (copied; default the prior).
+        ``schedule``: the back-off the last request of this drafter ended in
+        (``AcceptanceMemory.schedule``); a probing governor whose start says that no k pays
+        goes on with it instead of starting a back-off of its own."""
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         if not costs.known:
@@ -429,6 +451,13 @@ class Governor:
         self.proposed_last = False
         # Later children of trees: taken over predicted (``tree_sizing.BranchCalibration``).
         self.branching = copy.copy(branching) if branching is not None else BranchCalibration()
+        self.decisions = 0  # next_k calls
+        self.carried = schedule
+        if schedule is not None and not shadow and self.remembered and self.k_max > 0 and self.best().k == 0:
+            # Known not to pay: the engine's probes go on at their spacing (PROBE_BUDGET).
+            self.backoff = min(max(schedule.length, self.first_backoff()), self.longest_backoff())
+            self.plain_left = min(schedule.left, self.backoff)
+            self.probing = self.plain_left == 0
 
     def estimates(self, source: Source = None) -> Estimates:
         if source not in self.sources:
@@ -480,6 +509,7 @@ class Governor:
     def next_k(self, source: Source = None) -> Decision:
         """k for the next round, whose proposal comes from ``source``."""
         self.current = source
+        self.decisions += 1
         if self.shadow:  # fresh evidence every round: no back-off, no probes
             decision = self.best()
             self.plain_by_governor += int(decision.k == 0)
@@ -628,6 +658,20 @@ class Governor:
         estimates.drift(min(accepted + 1, offered))
         self._observe_costs(offered, draft_seconds, verify_seconds, rows, proposed)
 
+    def schedule(self) -> Backoff | None:
+        """The back-off this request is in (for the next request of the drafter), or None
+        where it was drafting or never backed off; the one it started with if it decided no
+        round."""
+        if self.decisions == 0:
+            return self.carried
+        if self.shadow or self.drafting:
+            return None
+        if self.plain_left > 0 or self.probing:
+            return Backoff(self.backoff, self.plain_left)
+        if self.k_max > 0:  # ended on a probe: the next decision would back off for as long again
+            return Backoff(min(2 * self.backoff, self.longest_backoff()), self.backoff)
+        return None
+
     def observe_shadow(self, acceptance: float) -> None:
         """A plain round's shadow draft (from the current source): the probability in [0, 1]
         that the rule would have accepted it at position 1 (at greedy, 1 if it is the target's
@@ -654,6 +698,7 @@ class AcceptanceMemory:
     first: float | None = None  # pooled over sources
     by_source: dict[Source, float] = field(default_factory=dict)  # sources other than None
     requests: int = 0
+    schedule: Backoff | None = None  # the back-off the last request ended in (``Backoff``)
 
     def start(self) -> dict[Source, list[float]]:
         """Per source the position-1 acceptance to start from; key None: the pooled one."""
@@ -663,11 +708,18 @@ class AcceptanceMemory:
 
     def learn(self, governor: Governor) -> None:
         """Move toward the acceptance a finished request observed at position 1."""
+        self.schedule = governor.schedule()
         examined = {s: e for s, e in governor.sources.items() if e.observed and e.observed[0] > 0}
         if not examined:
             return  # nothing examined: keep what earlier requests said
         hits = sum(e.first_hits for e in examined.values())
-        self.first = _toward(self.first, hits / sum(e.observed[0] for e in examined.values()))
+        rate = hits / sum(e.observed[0] for e in examined.values())
+        if self.first is not None and rate > self.first:
+            # Hits above what the memory expected: the drafter may have started to pay, so
+            # the next request backs off afresh (from FIRST_BACKOFF's period): a workload that
+            # turned from always wrong to right 90% of the time drafted again ~70 rounds sooner.
+            self.schedule = None
+        self.first = _toward(self.first, rate)
         for source, e in examined.items():
             if source is not None:  # a drafter without sources: the pooled estimate is its own
                 self.by_source[source] = _toward(self.by_source.get(source), e.first_hits / e.observed[0])

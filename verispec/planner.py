@@ -224,12 +224,13 @@ class Planner:
         if k != AUTO:
             return RequestPlanner(drafter, stats, fixed_k=limit)
         costs = calibrated if reproducible else live
-        start = {} if reproducible else self.acceptance.setdefault(name, AcceptanceMemory()).start()
+        memory = AcceptanceMemory() if reproducible else self.acceptance.setdefault(name, AcceptanceMemory())
+        start = memory.start()
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
         # nothing the next round sees), and only while they are nearly free.
         shadow = self.shadows and drafter.pure_proposals and Governor.can_shadow(costs)
         branching = None if reproducible else self.branching.get(name)
-        governor = Governor(limit, costs, not reproducible, shadow, start, branching)
+        governor = Governor(limit, costs, not reproducible, shadow, start, branching, memory.schedule)
         stats.governor_start_acceptance = start[None][0] if start else None
         return RequestPlanner(drafter, stats, governor=governor)
 
