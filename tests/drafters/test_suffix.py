@@ -228,6 +228,31 @@ def test_few_and_many_occurrences_are_counted_alike(stores, branches):
         assert [(id(s), p.tolist()) for s, p in a] == [(id(s), p.tolist()) for s, p in b]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    stores=st.lists(
+        st.tuples(
+            st.lists(st.integers(-1, 3), min_size=1, max_size=60),
+            st.lists(st.integers(0, 65), min_size=0, max_size=40),
+        ),
+        min_size=1,
+        max_size=2,
+    ),
+    k=st.integers(1, 10),
+    min_score=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]),
+)
+def test_the_chain_walk_is_the_walk_with_one_branch(stores, k, min_score):
+    # Few and many occurrences (up to 40 a store, FEW_OCCURRENCES is 24), separators, ties
+    # between occurrences and between the stores, positions at a store's end.
+    arrays = [
+        (np.asarray(tokens, dtype=np.int64), np.asarray(sorted({p for p in picks if p <= len(tokens)}), dtype=np.int64))
+        for tokens, picks in stores
+    ]
+    fast = suffix.chain(arrays, k, min_score, 5)
+    general = suffix.walk(arrays, k, min_score, 5)
+    assert fast == general
+
+
 def test_by_default_drafts_are_no_longer_than_the_match_and_score_at_least_0_3():
     drafter = SuffixDrafter(SuffixCache(1000))
     assert (drafter.spec_factor, drafter.min_score) == (1.0, 0.3)

@@ -269,10 +269,12 @@ def _few_match_lengths(
     lengths = []
     for p in positions.tolist():
         before = store[max(0, p - limit) : p].tolist()[::-1]  # the store backwards from p
-        n = 0
-        for a, b in zip(before, tail, strict=False):  # the shorter one bounds the match
-            if a != b:
-                break
+        n, size = 0, min(len(before), len(tail))  # the shorter one bounds the match
+        # Whole blocks compared as lists first (matches run long where text is copied).
+        while n < size and before[n : n + MATCH_BLOCK] == tail[n : n + MATCH_BLOCK]:
+            n += MATCH_BLOCK
+        n = min(n, size)
+        while n < size and before[n] == tail[n]:
             n += 1
         lengths.append(n)
     return np.asarray(lengths, dtype=np.int64)
@@ -413,6 +415,62 @@ def walk(stores: Stores, k: int, min_score: float, match: int, branches: int = 1
     return found
 
 
+def chain(stores: Stores, k: int, min_score: float, match: int) -> Walk:
+    """``walk`` with one branch (the chain of most frequent continuations), the same walk at a
+    fraction of the cost: once FEW_OCCURRENCES or fewer occurrences are left, each one's next
+    tokens are read as a list at once and the counting is done on them, instead of a call
+    (and a re-slicing of the occurrences) per token."""
+    count = sum(int(p.shape[0]) for _, p in stores)
+    found = Walk([], match, count, [], [])
+    live = [(rank, store, positions) for rank, (store, positions) in enumerate(stores) if positions.shape[0]]
+    score = 1.0
+    while len(found.tokens) < k and sum(int(p.shape[0]) for _, _, p in live) > FEW_OCCURRENCES:
+        total, children = _many_continuations([(store, positions) for _, store, positions in live], 1)
+        if not children or score * children[0][1] / total < min_score:
+            return found
+        token, child_count, advanced = children[0]
+        score *= child_count / total
+        _grow(found, token, child_count / total)
+        ranks = {id(store): rank for rank, store, _ in live}
+        live = [(ranks[id(store)], store, positions) for store, positions in advanced]
+    # What follows each occurrence, up to the depth left; a separator ends it. Ties go to the
+    # most recent occurrence, the request's own store (last) before the cache's.
+    left = k - len(found.tokens)
+    runs = [
+        ((rank << 40) + p, store[p : p + left].tolist()) for rank, store, positions in live for p in positions.tolist()
+    ]
+    if len(runs) == 1:  # one occurrence: what followed it, each token with frequency 1
+        run = runs[0][1]
+        for token in run[: run.index(SEPARATOR)] if SEPARATOR in run else run:
+            _grow(found, token, 1.0)
+        return found
+    for depth in range(left):
+        counts: dict[int, int] = {}
+        latest: dict[int, int] = {}
+        for recency, run in runs:
+            if depth < len(run) and (token := run[depth]) >= 0:
+                counts[token] = counts.get(token, 0) + 1
+                if recency > latest.get(token, -1):
+                    latest[token] = recency
+        if not counts:
+            break
+        token = max(counts, key=lambda t: (counts[t], latest[t]))
+        frequency = counts[token] / sum(counts.values())
+        if score * frequency < min_score:
+            break
+        score *= frequency
+        _grow(found, token, frequency)
+        runs = [(recency, run) for recency, run in runs if depth < len(run) and run[depth] == token]
+    return found
+
+
+def _grow(found: Walk, token: int, frequency: float) -> None:
+    """Append a token to a chain's walk (its parent the token before)."""
+    found.parents.append(len(found.tokens) - 1)
+    found.tokens.append(token)
+    found.frequencies.append(frequency)
+
+
 def source_of(found: Walk) -> tuple[int, int]:
     """The governor's key for a proposal: (match bucket, 1 if its first token is near sure)."""
     match = max(b for b in MATCH_BUCKETS if b <= max(1, found.match))
@@ -500,6 +558,8 @@ class SuffixDrafter:
         deepest = max(int(lengths.max()) for _, _, lengths in candidates)
         node = [(store, positions[lengths >= deepest]) for store, positions, lengths in candidates]
         limit = min(k, max(1, int(self.spec_factor * deepest)))
+        if self.branches == 1:
+            return chain(node, limit, self.min_score, deepest)
         # A tree may hold up to ``branches`` nodes per position of depth: which of them a
         # round verifies is the governor's choice (``verispec.tree_sizing``).
         return walk(node, limit, self.min_score, deepest, self.branches, limit * self.branches)
