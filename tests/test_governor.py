@@ -380,7 +380,7 @@ def test_a_pure_drafters_proposal_is_priced_whatever_k_it_is_cut_to():
     assert model.round_steps(4) == pytest.approx(0.015 + 1.4)
     # Rounds offering 1..8 tokens of proposals that each took 0.015 s (the engine's time for
     # the whole proposal): priced per offered token the estimate swung with k; per proposal
-    # it holds, and so does whether the drafter may shadow (at most 2% of a step).
+    # it holds, and so does whether the drafter may shadow (in every plain round: at most 2% of a step).
     per_token = CostModel.line(1.0, 0.1, 0.015)
     for offered in [1, 8, 1, 1, 8, 2, 1]:
         model.observe_draft(offered, 0.015)
@@ -392,7 +392,9 @@ def test_a_pure_drafters_proposal_is_priced_whatever_k_it_is_cut_to():
     assert model.draft_seconds_per_proposal == pytest.approx(0.015 + 0.25 * 0.015)
     model.observe_draft(0, 0.5)
     assert model.draft_seconds_per_proposal == pytest.approx(0.015 + 0.25 * 0.015)
-    assert not Governor.can_shadow(CostModel.line(1.0, 0.1, 0.03, per_proposal=True))
+    # Dearer than 2% of a step: shadows in a share of the plain rounds; past 8%, none.
+    assert Governor.shadow_rate(CostModel.line(1.0, 0.1, 0.03, per_proposal=True)) == pytest.approx(2 / 3)
+    assert not Governor.can_shadow(CostModel.line(1.0, 0.1, 0.09, per_proposal=True))
 
 
 def test_a_shadowing_governor_does_not_count_the_proposal_it_already_has():
@@ -449,7 +451,9 @@ def test_engine_shadows_a_pure_drafter_and_resumes_drafting_when_it_turns_right(
     shadowed, probed = results[True].stats, results[False].stats
     print(f"\n  accepted after the switch: shadows {shadowed.accepted}, probes {probed.accepted} of 80")
     assert shadowed.governor_shadow_drafts > 0 and shadowed.governor_probes == 0
-    assert shadowed.governor_shadow_drafts == shadowed.governor_plain_rounds
+    # Plain rounds shadow as far as the proposals' price allows (the tiny target's steps are
+    # short: lookup-like proposals may cost more than 2% of one).
+    assert 0 < shadowed.governor_shadow_drafts <= shadowed.governor_plain_rounds
     # Every drafted round after the switch accepts all it offers, so even at k 1 (the least a
     # round drafts; on a loaded machine the live costs may choose it) half the tokens after
     # drafting resumes are accepted drafts: resuming within 20 of the 80 gives at least 30.

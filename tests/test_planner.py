@@ -329,3 +329,47 @@ def test_a_tree_round_of_a_probing_governor_learns_the_cost_of_its_drafted_posit
         )  # fmt: skip
     assert trees > 10
     assert costs.draft_seconds_per_token == pytest.approx(0.002, rel=0.05)
+
+
+class PricedLookup(LookupDrafter):
+    """Prompt lookup that counts its proposals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proposals = 0
+
+    def propose(self, context, k, rng):
+        self.proposals += 1
+        return super().propose(context, k, rng)
+
+
+@pytest.mark.parametrize("share, rate", [(0.01, 1.0), (0.04, 0.5), (0.05, 0.4), (0.1, 0.0)])
+def test_a_dearer_pure_drafter_shadows_in_fewer_plain_rounds(share, rate):
+    # Proposals at ``share`` of a plain step: up to SHADOW_MAX_COST (2%) every plain round is a
+    # shadow; dearer, a share of them such that shadows cost 2% of the plain steps; past 8%
+    # (fewer than one in four) the governor probes instead.
+    from verispec.governor import SHADOW_MAX_COST, Governor
+
+    costs = CostModel.line(0.01, 0.001, 0.01 * share, per_proposal=True)
+    assert Governor.shadow_rate(costs) == pytest.approx(rate)
+    assert Governor.can_shadow(costs) == (rate > 0)
+    planner = Planner()
+    planner.calibrated["lookup"] = planner.live["lookup"] = costs
+    drafter = PricedLookup()
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]  # nothing repeats: lookup offers nothing, rounds are plain
+    request, _ = _begun(planner, drafter, prompt)
+    assert request.governor.shadow == (rate > 0)
+    if rate == 0:
+        return  # a probing governor: its back-off and probes have their own tests
+    rounds = 200
+    for _ in range(rounds):
+        asked = drafter.proposals
+        plan = request.plan(prompt, 50, RNG)
+        assert plan.k == 0
+        request.observe(0, 0, 0.01 * share * (drafter.proposals - asked), 0.01)  # as timed
+    # The first round asks (it follows no plain one); every later one as the credit allows.
+    assert drafter.proposals == pytest.approx(1 + rate * (rounds - 1), abs=1)
+    assert drafter.proposals * 0.01 * share <= SHADOW_MAX_COST * 0.01 * rounds + 0.01 * share
+    # Lookup offered nothing when asked (a round the governor did not decide); the rounds it
+    # was not asked were the governor's plain rounds.
+    assert request.stats.governor_plain_rounds == rounds - drafter.proposals

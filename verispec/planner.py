@@ -37,7 +37,16 @@ from numpy.typing import NDArray
 from verispec.accept import ChainResult, accept_chain_rows, accept_greedy, acceptance_probability
 from verispec.accept_tree import TreeResult, accept_tree, accept_tree_greedy, accept_tree_rows
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter
-from verispec.governor import ALONE, PROBE_K, AcceptanceMemory, CostModel, Decision, Governor, Load
+from verispec.governor import (
+    ALONE,
+    PROBE_K,
+    SHADOW_MIN_RATE,
+    AcceptanceMemory,
+    CostModel,
+    Decision,
+    Governor,
+    Load,
+)
 from verispec.sampling import SamplingParams, final_distributions, final_rows, final_tokens
 from verispec.stats import RequestStats
 from verispec.targets.base import Target
@@ -76,6 +85,10 @@ class RequestPlanner:
         self.governor = governor
         self._shadow = NO_DRAFT  # the last plan's shadow draft
         self._proposed = False  # whether the last plan asked the drafter for a proposal
+        # A shadowing governor's plain rounds: whether the last plan was one, and the credit
+        # for shadow proposals (in proposals; each plain round earns ``Governor.shadow_rate``).
+        self._after_plain = False
+        self._shadow_credit = 0.0
         # The last plan's proposed tree and the nodes it verifies, where a governor sized one.
         # With it, the positions a probing drafter drafted for the tree (None: shadowing).
         self._tree: tuple[Draft, list[int], int | None] | None = None
@@ -98,6 +111,12 @@ class RequestPlanner:
             # k counts nodes: a drafter that offers several candidates a position drafts the
             # positions its first k nodes need.
             plan = Plan(k, prefix(drafted(drafter, context, -(-k // width), rng, width > 1), k))
+        elif governor.shadow and not self._shadow_due(governor):
+            # Plain, and a shadow now would cost more than SHADOW_MAX_COST of the plain steps:
+            # a plain round that does not ask the drafter.
+            governor.plain_by_governor += 1
+            self.stats.observe_choice(0, False, governed=True)
+            plan = Plan(0, NO_DRAFT)
         elif governor.shadow:
             # The drafter is pure and nearly free: its proposal comes first, so the governor
             # decides knowing what it is based on (``Draft.source``).
@@ -137,7 +156,22 @@ class RequestPlanner:
             self.stats.observe_choice(choice.k, choice.probe and bool(draft.tokens))
             plan = Plan(len(draft.tokens) if self._tree is not None else k, draft)
         self._shadow = plan.shadow
+        self._after_plain = plan.k == 0
         return plan
+
+    def _shadow_due(self, governor: Governor) -> bool:
+        """Whether a shadowing governor's round asks the drafter: always after a drafted round
+        (the proposal is what it drafts from), after a plain one as the credit allows."""
+        if not self._after_plain:
+            return True
+        # Chosen at the request's start, shadows go on at least every 1 / SHADOW_MIN_RATE plain
+        # rounds: a shadowing governor has no probes, only its shadows can turn drafting on.
+        rate = max(Governor.shadow_rate(governor.costs), SHADOW_MIN_RATE)
+        self._shadow_credit += rate  # stays below 2: spent at 1
+        if self._shadow_credit < 1.0 - 1e-9:
+            return False
+        self._shadow_credit -= 1.0
+        return True
 
     def observe(
         self,
@@ -230,7 +264,11 @@ class Planner:
         # nothing the next round sees), and only while they are nearly free.
         shadow = self.shadows and drafter.pure_proposals and Governor.can_shadow(costs)
         branching = None if reproducible else self.branching.get(name)
-        governor = Governor(limit, costs, not reproducible, shadow, start, branching, memory.schedule)
+        # A back-off carried over from the last request only for a drafter whose acceptance is
+        # its own (a trained head, a draft model); a pure drafter's belongs to the prompt (what
+        # repeats, what the cache holds), so each request looks afresh.
+        schedule = None if drafter.pure_proposals else memory.schedule
+        governor = Governor(limit, costs, not reproducible, shadow, start, branching, schedule)
         stats.governor_start_acceptance = start[None][0] if start else None
         return RequestPlanner(drafter, stats, governor=governor)
 

@@ -44,15 +44,16 @@ def test_greedy_speculative_equals_plain(either_engine, drafter, k):
 @pytest.mark.parametrize("k", [3, "auto"])
 def test_suffix_learns_from_earlier_requests_and_stays_exact(either_engine, k):
     drafter = either_engine.drafter("suffix", scope=f"equivalence-{k}")  # a cache of its own
-    # Priced as on the embedded model, where a proposal is free next to a step (it shadows):
-    # on the tiny model a proposal costs a step or more, and the governor rightly probes such
-    # a drafter too rarely to find the cache's answers within 48 tokens.
+    # Priced as on the embedded model, where a proposal is nearly free next to a step (it
+    # shadows): on the tiny model a proposal costs a step or more, and the governor rightly
+    # probes such a drafter too rarely to find the cache's answers within 48 tokens. The
+    # prices are set again before each request: the engine learns the tiny model's own.
     passes = []
     with drafter_prices(either_engine) as set_costs:
-        set_costs(0.1)
         for _ in range(2):
             offered = accepted = 0
             for prompt in PROMPTS:
+                set_costs(0.1)
                 result = either_engine.generate(prompt, drafter=drafter, k=k, temperature=0, max_tokens=MAX_TOKENS)
                 assert result.token_ids == plain_output(either_engine, prompt), f"suffix k={k} diverged on {prompt!r}"
                 offered += result.stats.offered
