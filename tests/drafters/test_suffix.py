@@ -206,18 +206,21 @@ def test_trees_grow_best_first_and_every_prefix_is_the_best_smaller_tree():
     assert proposal(chain, [0, 1, 2, 3], 8).tokens == [10, 11] and chain.last.parents == [-1, 0]
 
 
-@settings(max_examples=80, deadline=None)
-@given(
-    stores=st.lists(
+def stores_of(top_token: int, length: int, last_position: int) -> st.SearchStrategy:
+    """One or two stores: tokens (separators among them) and positions of occurrences in them
+    (up to 40 each, past FEW_OCCURRENCES; some may be past the store's end)."""
+    return st.lists(
         st.tuples(
-            st.lists(st.integers(-1, 4), min_size=1, max_size=40),
-            st.lists(st.integers(0, 45), min_size=0, max_size=40),
+            st.lists(st.integers(-1, top_token), min_size=1, max_size=length),
+            st.lists(st.integers(0, last_position), min_size=0, max_size=40),
         ),
         min_size=1,
         max_size=2,
-    ),
-    branches=st.integers(1, 4),
-)
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(stores=stores_of(4, 40, 45), branches=st.integers(1, 4))
 def test_few_and_many_occurrences_are_counted_alike(stores, branches):
     arrays = [(np.asarray(tokens, dtype=np.int64), np.asarray(sorted(set(p)), dtype=np.int64)) for tokens, p in stores]
     few = suffix._few_continuations(arrays, branches)
@@ -229,18 +232,7 @@ def test_few_and_many_occurrences_are_counted_alike(stores, branches):
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    stores=st.lists(
-        st.tuples(
-            st.lists(st.integers(-1, 3), min_size=1, max_size=60),
-            st.lists(st.integers(0, 65), min_size=0, max_size=40),
-        ),
-        min_size=1,
-        max_size=2,
-    ),
-    k=st.integers(1, 10),
-    min_score=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]),
-)
+@given(stores=stores_of(3, 60, 65), k=st.integers(1, 10), min_score=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.0]))
 def test_the_chain_walk_is_the_walk_with_one_branch(stores, k, min_score):
     # Few and many occurrences (up to 40 a store, FEW_OCCURRENCES is 24), separators, ties
     # between occurrences and between the stores, positions at a store's end.
