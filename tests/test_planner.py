@@ -346,9 +346,9 @@ class PricedLookup(LookupDrafter):
 @pytest.mark.parametrize("share, rate", [(0.01, 1.0), (0.04, 0.5), (0.05, 0.4), (0.1, 0.0)])
 def test_a_dearer_pure_drafter_shadows_in_fewer_plain_rounds(share, rate):
     # Proposals at ``share`` of a plain step: up to SHADOW_MAX_COST (2%) every plain round is a
-    # shadow; dearer, a share of them such that shadows cost 2% of the plain steps; past 8%
-    # (fewer than one in four) the governor probes instead.
-    from verispec.governor import SHADOW_MAX_COST, Governor
+    # shadow; dearer, once a few proposals in a row found nothing, a share of them such that
+    # shadows cost 2% of the plain steps; past 8% (fewer than one in four) the governor probes.
+    from verispec.governor import SHADOW_FREE_MISSES, SHADOW_MAX_COST, Governor
 
     costs = CostModel.line(0.01, 0.001, 0.01 * share, per_proposal=True)
     assert Governor.shadow_rate(costs) == pytest.approx(rate)
@@ -367,9 +367,53 @@ def test_a_dearer_pure_drafter_shadows_in_fewer_plain_rounds(share, rate):
         plan = request.plan(prompt, 50, RNG)
         assert plan.k == 0
         request.observe(0, 0, 0.01 * share * (drafter.proposals - asked), 0.01)  # as timed
-    # The first round asks (it follows no plain one); every later one as the credit allows.
-    assert drafter.proposals == pytest.approx(1 + rate * (rounds - 1), abs=1)
-    assert drafter.proposals * 0.01 * share <= SHADOW_MAX_COST * 0.01 * rounds + 0.01 * share
+    # The first round asks (it follows no plain one), and so do the next ones up to
+    # SHADOW_FREE_MISSES empty proposals in a row; every later one as the credit allows.
+    free = SHADOW_FREE_MISSES
+    assert drafter.proposals == pytest.approx(free + rate * (rounds - free), abs=1)
+    assert drafter.proposals * 0.01 * share <= SHADOW_MAX_COST * 0.01 * rounds + free * 0.01 * share
     # Lookup offered nothing when asked (a round the governor did not decide); the rounds it
     # was not asked were the governor's plain rounds.
     assert request.stats.governor_plain_rounds == rounds - drafter.proposals
+
+
+def test_a_right_shadow_lifts_the_throttle_on_shadows():
+    # Proposals at 5% of a step: throttled to 40% of the plain rounds while they keep missing;
+    # one right shadow, and the next rounds ask again (drafting resumes from those).
+    from verispec.governor import SHADOW_FREE_MISSES
+
+    planner = Planner()
+    planner.calibrated["wrong"] = planner.live["wrong"] = CostModel.line(0.01, 0.001, 0.0005, per_proposal=True)
+    drafter = WrongDrafter(7)
+    asked = []
+    propose = drafter.propose
+
+    def counting(context, k, rng):
+        asked.append(len(asked))
+        return propose(context, k, rng)
+
+    drafter.propose = counting
+    request, _ = _begun(planner, drafter, [1, 2, 3])
+    request.governor.sources.clear()
+    request.governor._default_start = (0.0,)  # known wrong: every round is plain
+    wrong, right = np.zeros(8), np.zeros(8)
+    wrong[0], right[7] = 1.0, 1.0
+
+    def rounds(n, row, until_shadow=False):
+        before = len(asked)
+        for _ in range(n):
+            plan = request.plan([1, 2, 3], 50, RNG)
+            drafts = len(plan.draft.tokens)
+            asked_now = drafts > 0 or bool(plan.shadow.tokens)
+            request.observe(drafts, 0, 0.0005 * asked_now, 0.01 + 0.001 * drafts, row_acceptance(row))
+            if until_shadow and plan.shadow.tokens:
+                break
+        return len(asked) - before
+
+    assert rounds(SHADOW_FREE_MISSES, wrong) == SHADOW_FREE_MISSES
+    assert rounds(100, wrong) == pytest.approx(40, abs=1)
+    assert rounds(10, right, until_shadow=True) == 1  # the next shadow is right
+    # The drafter is asked in every round again (a drafted one, or a shadow) ...
+    assert rounds(SHADOW_FREE_MISSES, wrong) == SHADOW_FREE_MISSES
+    # ... until its proposals have missed SHADOW_FREE_MISSES times in a row.
+    assert rounds(100, wrong) == pytest.approx(40, abs=1)

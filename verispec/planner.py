@@ -40,6 +40,7 @@ from verispec.drafters.base import NO_DRAFT, Draft, Drafter
 from verispec.governor import (
     ALONE,
     PROBE_K,
+    SHADOW_FREE_MISSES,
     SHADOW_MIN_RATE,
     AcceptanceMemory,
     CostModel,
@@ -89,6 +90,7 @@ class RequestPlanner:
         # for shadow proposals (in proposals; each plain round earns ``Governor.shadow_rate``).
         self._after_plain = False
         self._shadow_credit = 0.0
+        self._shadow_misses = 0  # plain rounds in a row whose proposal was empty or wrong
         # The last plan's proposed tree and the nodes it verifies, where a governor sized one.
         # With it, the positions a probing drafter drafted for the tree (None: shadowing).
         self._tree: tuple[Draft, list[int], int | None] | None = None
@@ -157,12 +159,17 @@ class RequestPlanner:
             plan = Plan(len(draft.tokens) if self._tree is not None else k, draft)
         self._shadow = plan.shadow
         self._after_plain = plan.k == 0
+        if plan.k > 0:
+            self._shadow_misses = 0
+        elif self._proposed and not plan.shadow.tokens:
+            self._shadow_misses += 1  # asked, and nothing to offer
         return plan
 
     def _shadow_due(self, governor: Governor) -> bool:
         """Whether a shadowing governor's round asks the drafter: always after a drafted round
-        (the proposal is what it drafts from), after a plain one as the credit allows."""
-        if not self._after_plain:
+        (the proposal is what it drafts from) and within SHADOW_FREE_MISSES plain rounds of
+        one or of a right shadow (where drafting resumes), else as the credit allows."""
+        if not self._after_plain or self._shadow_misses < SHADOW_FREE_MISSES:
             return True
         # Chosen at the request's start, shadows go on at least every 1 / SHADOW_MIN_RATE plain
         # rounds: a shadowing governor has no probes, only its shadows can turn drafting on.
@@ -218,7 +225,9 @@ class RequestPlanner:
             if shadow_acceptance is None:
                 raise ValueError("a round with a shadow draft needs its acceptance at the first position")
             self.stats.governor_shadow_drafts += 1
-            governor.observe_shadow(shadow_acceptance(self._shadow))
+            chance = shadow_acceptance(self._shadow)
+            governor.observe_shadow(chance)
+            self._shadow_misses = 0 if chance >= 0.5 else self._shadow_misses + 1
 
 
 class Planner:
