@@ -120,8 +120,8 @@ class RequestPlanner:
             self.stats.observe_choice(0, False, governed=True)
             plan = Plan(0, NO_DRAFT)
         elif governor.shadow:
-            # The drafter is pure and nearly free: its proposal comes first, so the governor
-            # decides knowing what it is based on (``Draft.source``).
+            # The drafter is pure and cheap: its proposal comes first, so the governor decides
+            # knowing what it is based on (``Draft.source``).
             offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
             self._proposed = True
             offer = offer if self.trees else offer.main_chain()
@@ -270,7 +270,7 @@ class Planner:
         memory = AcceptanceMemory() if reproducible else self.acceptance.setdefault(name, AcceptanceMemory())
         start = memory.start()
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
-        # nothing the next round sees), and only while they are nearly free.
+        # nothing the next round sees), and only while they are cheap (``Governor.shadow_rate``).
         shadow = self.shadows and drafter.pure_proposals and Governor.can_shadow(costs)
         branching = None if reproducible else self.branching.get(name)
         # A back-off carried over from the last request only for a drafter whose acceptance is
