@@ -406,9 +406,7 @@ def walk(stores: Stores, k: int, min_score: float, match: int, branches: int = 1
             rest = store[start : start + min(k - depth[-1], budget - len(found.tokens))].tolist()
             rest = rest[: rest.index(SEPARATOR)] if SEPARATOR in rest else rest
             for token in rest:
-                found.parents.append(len(found.tokens) - 1)
-                found.tokens.append(int(token))
-                found.frequencies.append(1.0)
+                _grow(found, int(token), 1.0)
                 depth.append(depth[-1] + 1)
             break
         expand(len(found.tokens) - 1, -negative, advanced)
@@ -423,6 +421,7 @@ def chain(stores: Stores, k: int, min_score: float, match: int) -> Walk:
     count = sum(int(p.shape[0]) for _, p in stores)
     found = Walk([], match, count, [], [])
     live = [(rank, store, positions) for rank, (store, positions) in enumerate(stores) if positions.shape[0]]
+    ranks = {id(store): rank for rank, store, _ in live}  # a store keeps its rank as others drop out
     score = 1.0
     while len(found.tokens) < k and sum(int(p.shape[0]) for _, _, p in live) > FEW_OCCURRENCES:
         total, children = _many_continuations([(store, positions) for _, store, positions in live], 1)
@@ -431,7 +430,6 @@ def chain(stores: Stores, k: int, min_score: float, match: int) -> Walk:
         token, child_count, advanced = children[0]
         score *= child_count / total
         _grow(found, token, child_count / total)
-        ranks = {id(store): rank for rank, store, _ in live}
         live = [(ranks[id(store)], store, positions) for store, positions in advanced]
     # What follows each occurrence, up to the depth left; a separator ends it. Ties go to the
     # most recent occurrence, the request's own store (last) before the cache's.
