@@ -114,8 +114,13 @@ def test_proposals_are_prefixes_of_longer_ones():
 
 
 def brute_force(tokens: list[int], tail: list[int]) -> list[int]:
+    """Positions right after each occurrence of ``tail`` that a token follows (not a separator)."""
     n = len(tail)
-    return [i + n for i in range(len(tokens) - n + 1) if tokens[i : i + n] == tail and i + n < len(tokens)]
+    return [
+        i + n
+        for i in range(len(tokens) - n + 1)
+        if tokens[i : i + n] == tail and i + n < len(tokens) and tokens[i + n] != SEPARATOR
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -273,3 +278,52 @@ def test_few_and_many_positions_get_the_same_match_lengths(store, context, picks
     few = suffix._few_match_lengths(tokens, positions, tail, limit)
     many = suffix._many_match_lengths(tokens, positions, tail, limit)
     assert few.tolist() == many.tolist()
+
+
+def defined_search(drafter: SuffixDrafter, k: int) -> suffix.Walk:
+    """A proposal by its definition, brute force: the longest key (KEY..1 of the context's last
+    tokens) with an occurrence in either store (the most recent MAX_CANDIDATES a store), each
+    occurrence's match length compared token by token, and the walk from the deepest ones."""
+    context, cache = drafter.local.ids, drafter.cache.tokens.tolist()
+    for n in range(min(KEY, len(context)), 0, -1):
+        tail = context[len(context) - n :]
+        stores = [(store, brute_force(store, tail)[-MAX_CANDIDATES:]) for store in (cache, context)]
+        stores = [(store, positions) for store, positions in stores if positions]
+        if stores:
+            break
+    else:
+        return suffix.Walk([], 0, 0, [])
+
+    def matched(store: list[int], p: int) -> int:
+        n = 0
+        while n < min(drafter.max_match, len(context)) and p - 1 - n >= 0 and store[p - 1 - n] == context[-1 - n]:
+            n += 1
+        return n
+
+    deepest = max(matched(store, p) for store, positions in stores for p in positions)
+    node = [
+        (np.asarray(store, dtype=np.int64), np.asarray([p for p in positions if matched(store, p) == deepest]))
+        for store, positions in stores
+    ]
+    depth = min(k, max(1, int(drafter.spec_factor * deepest)))
+    return suffix.walk([(store, p) for store, p in node if p.shape[0]], depth, drafter.min_score, deepest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    vocab=st.sampled_from([2, 4, 40]),
+    documents=st.lists(st.lists(st.integers(0, 39), max_size=50), max_size=6),
+    context=st.lists(st.integers(0, 39), min_size=1, max_size=80),
+    k=st.integers(1, 9),
+    max_match=st.sampled_from([1, 2, 5, 64]),
+    spec_factor=st.sampled_from([1.0, 100.0]),
+    min_score=st.sampled_from([0.0, 0.3]),
+)
+def test_a_proposal_is_the_one_its_definition_gives(vocab, documents, context, k, max_match, spec_factor, min_score):
+    # Small vocabularies make many occurrences (past FEW_OCCURRENCES: the array path), long
+    # matches and ties; 40 tokens make few and short ones (the list path) and empty proposals.
+    drafter = SuffixDrafter(SuffixCache(1000), max_match=max_match, spec_factor=spec_factor, min_score=min_score)
+    for doc in documents:
+        run(drafter, [t % vocab for t in doc])
+    drafter.begin([t % vocab for t in context], SamplingParams())
+    assert drafter.search(k) == defined_search(drafter, k)

@@ -106,8 +106,9 @@ class SuffixCache:
     """Earlier requests' documents (prompt + output) in one token array, and a sorted index.
 
     ``tokens``: the documents, each followed by ``SEPARATOR``. The index holds, for every
-    position and n in 1..KEY, the key of the n tokens ending there, sorted (``_keys`` sorted,
-    ``_next`` the position after each): an occurrence search is a binary search. A document
+    position but a document's last and n in 1..KEY, the key of the n tokens ending there,
+    sorted (``_keys`` sorted, ``_next`` the position after each): an occurrence search is a
+    binary search, and every occurrence it finds has a next token. A document
     is merged in when its request ends; past ``capacity`` tokens the oldest documents go (the
     array and index are cut in one pass). Thread-safe: a server's requests end on one
     thread, but an API user may run engines' requests on several.
@@ -146,7 +147,8 @@ class SuffixCache:
                 window = tokens[max(0, base - n + 1) :]
                 keys = _keys(window, n)
                 ends = np.arange(keys.shape[0], dtype=np.int64) + max(0, base - n + 1) + n  # position after
-                keep = (keys >= 0) & (ends < tokens.shape[0])
+                # An n-gram that ends a document has nothing after it to propose: not indexed.
+                keep = (keys >= 0) & (ends < tokens.shape[0] - 1)
                 new_keys.append(keys[keep])
                 new_next.append(ends[keep])
             keys = np.concatenate(new_keys)
@@ -183,7 +185,8 @@ class SuffixCache:
         return (self._sorted_keys >> (TOKEN_BITS * KEY)).astype(np.int64)
 
     def occurrences(self, tail: Sequence[int]) -> Positions:
-        """Positions right after the most recent occurrences of ``tail`` (1..KEY tokens), oldest first."""
+        """Positions right after the most recent MAX_CANDIDATES occurrences of ``tail`` (1..KEY
+        tokens) that a token follows (not a document's end), oldest first."""
         return self.find(tail)[1]
 
     def find(self, tail: Sequence[int]) -> tuple[NDArray[np.int64], Positions]:
@@ -192,9 +195,9 @@ class SuffixCache:
         are replaced, never changed in place, so the pair stays valid after the lock.)"""
         key = _key(tail)
         with self._lock:
-            lo = int(np.searchsorted(self._sorted_keys, key, side="left"))
-            hi = int(np.searchsorted(self._sorted_keys, key, side="right"))
-            return self.tokens, self._next[max(lo, hi - MAX_CANDIDATES) : hi].copy()
+            # Keys are integers: the entries of ``key`` end where those of ``key + 1`` would start.
+            lo, hi = self._sorted_keys.searchsorted((key, key + 1)).tolist()
+            return self.tokens, self._next[max(lo, hi - MAX_CANDIDATES) : hi]
 
 
 class _Local:
@@ -265,19 +268,24 @@ def _few_match_lengths(
     store: NDArray[np.int64], positions: Positions, context: NDArray[np.int64], limit: int
 ) -> Positions:
     limit = min(limit, context.shape[0])
-    tail = context[context.shape[0] - limit :].tolist()[::-1]  # the context backwards
-    lengths = []
-    for p in positions.tolist():
-        before = store[max(0, p - limit) : p].tolist()[::-1]  # the store backwards from p
-        n, size = 0, min(len(before), len(tail))  # the shorter one bounds the match
-        # Whole blocks compared as lists first (matches run long where text is copied).
-        while n < size and before[n : n + MATCH_BLOCK] == tail[n : n + MATCH_BLOCK]:
-            n += MATCH_BLOCK
-        n = min(n, size)
-        while n < size and before[n] == tail[n]:
-            n += 1
-        lengths.append(n)
-    return np.asarray(lengths, dtype=np.int64)
+    backwards = context[context.shape[0] - limit :].tolist()[::-1]
+    return np.asarray(
+        [_match_before(store[max(0, p - limit) : p].tolist(), backwards) for p in positions.tolist()], dtype=np.int64
+    )
+
+
+def _match_before(before: list[int], backwards: list[int]) -> int:
+    """How many of ``backwards`` (the context's last tokens, the last first) equal the last
+    tokens of ``before`` (the store's tokens up to an occurrence, in order)."""
+    before = before[::-1]
+    n, size = 0, min(len(before), len(backwards))  # the shorter one bounds the match
+    # Whole blocks compared as lists first (matches run long where text is copied).
+    while n < size and before[n : n + MATCH_BLOCK] == backwards[n : n + MATCH_BLOCK]:
+        n += MATCH_BLOCK
+    n = min(n, size)
+    while n < size and before[n] == backwards[n]:
+        n += 1
+    return n
 
 
 def _many_match_lengths(
@@ -431,17 +439,24 @@ def chain(stores: Stores, k: int, min_score: float, match: int) -> Walk:
         score *= child_count / total
         _grow(found, token, child_count / total)
         live = [(ranks[id(store)], store, positions) for store, positions in advanced]
-    # What follows each occurrence, up to the depth left; a separator ends it. Ties go to the
-    # most recent occurrence, the request's own store (last) before the cache's.
     left = k - len(found.tokens)
     runs = [
         ((rank << 40) + p, store[p : p + left].tolist()) for rank, store, positions in live for p in positions.tolist()
     ]
+    _follow_runs(found, runs, left, score, min_score)
+    return found
+
+
+def _follow_runs(found: Walk, runs: list[tuple[int, list[int]]], left: int, score: float, min_score: float) -> None:
+    """Grow a chain's walk (its score so far ``score``) by up to ``left`` tokens from
+    ``runs``: (recency, what followed an occurrence of the node, up to ``left`` tokens; a
+    separator ends it). Ties go to the most recent occurrence, the request's own store before
+    the cache's (its recency ranks above any of the cache's)."""
     if len(runs) == 1:  # one occurrence: what followed it, each token with frequency 1
         run = runs[0][1]
         for token in run[: run.index(SEPARATOR)] if SEPARATOR in run else run:
             _grow(found, token, 1.0)
-        return found
+        return
     for depth in range(left):
         counts: dict[int, int] = {}
         latest: dict[int, int] = {}
@@ -459,7 +474,6 @@ def chain(stores: Stores, k: int, min_score: float, match: int) -> Walk:
         score *= frequency
         _grow(found, token, frequency)
         runs = [(recency, run) for recency, run in runs if depth < len(run) and run[depth] == token]
-    return found
 
 
 def _grow(found: Walk, token: int, frequency: float) -> None:
@@ -536,25 +550,63 @@ class SuffixDrafter:
         return Draft(found.tokens, source=source_of(found), parents=parents, frequencies=found.frequencies)
 
     def search(self, k: int) -> Walk:
-        """The walk from the deepest node the context reaches in either store."""
-        context = self.local.tokens
-        candidates: list[tuple[NDArray[np.int64], Positions, Positions]] = []
-        for n in range(min(KEY, context.shape[0]), 0, -1):
-            tail = tuple(self.local.ids[-n:])
-            found = [(context, self.local.occurrences(tail))]
+        """The walk from the deepest node the context reaches in either store.
+
+        The usual case, FEW_OCCURRENCES or fewer occurrences of the context's last tokens,
+        runs on lists: a proposal is asked for every round, next to a step of a few
+        milliseconds, and array calls on a handful of positions would cost most of it."""
+        local = self.local
+        ids, size = local.ids, local.size
+        store, cached, own = self.cache.tokens, np.zeros(0, dtype=np.int64), []
+        for n in range(min(KEY, size), 0, -1):
+            tail = tuple(ids[size - n :])
+            own = local.index.get(tail, [])[-MAX_CANDIDATES:]  # each followed by a token
             if len(self.cache):
-                found.insert(0, self.cache.find(tail))
-            # Only occurrences something follows: a document's end would make a deep node
-            # with nothing to propose hide shallower ones that have a continuation.
-            found = [(store, positions[store[positions] != SEPARATOR]) for store, positions in found]
-            found = [(store, positions) for store, positions in found if positions.shape[0]]
-            if found:
-                candidates = [(s, p, match_lengths(s, p, context, self.max_match)) for s, p in found]
+                store, cached = self.cache.find(tail)
+            if own or cached.shape[0]:
                 break
-        if not candidates:
+        else:
             return Walk([], 0, 0, [])
-        deepest = max(int(lengths.max()) for _, _, lengths in candidates)
-        node = [(store, positions[lengths >= deepest]) for store, positions, lengths in candidates]
+        if len(own) + cached.shape[0] > FEW_OCCURRENCES or self.branches > 1:
+            return self._search_arrays(k, n, [(store, cached), (local.tokens, np.asarray(own, dtype=np.int64))])
+        cached_list = cached.tolist()
+        # An occurrence matching n + 1 tokens would be one of the n + 1 tokens' key, which has
+        # none: below KEY, every occurrence matches exactly n tokens (at most max_match).
+        if n < KEY:
+            deepest = min(n, self.max_match)
+            cached_lengths, own_lengths = [deepest] * len(cached_list), [deepest] * len(own)
+        else:
+            limit = min(self.max_match, size)
+            backwards = ids[size - limit :][::-1]
+            cached_lengths = [_match_before(store[max(0, p - limit) : p].tolist(), backwards) for p in cached_list]
+            own_lengths = [_match_before(ids[max(0, p - limit) : p], backwards) for p in own]
+            deepest = max(cached_lengths + own_lengths)
+        depth = min(k, max(1, int(self.spec_factor * deepest)))
+        # The request's own occurrences rank above the cache's on ties (``_follow_runs``).
+        runs = [
+            (p, store[p : p + depth].tolist())
+            for p, length in zip(cached_list, cached_lengths, strict=True)
+            if length >= deepest
+        ]
+        runs += [
+            ((1 << 40) + p, ids[p : p + depth]) for p, length in zip(own, own_lengths, strict=True) if length >= deepest
+        ]
+        found = Walk([], deepest, len(runs), [], [])
+        _follow_runs(found, runs, depth, 1.0, self.min_score)
+        return found
+
+    def _search_arrays(self, k: int, n: int, found: Stores) -> Walk:
+        """``search`` for many occurrences (or a tree), on arrays: ``found`` holds each store
+        with the occurrences of the longest key (``n`` tokens) that has any, the request's own
+        store last."""
+        found = [(store, positions) for store, positions in found if positions.shape[0]]
+        if n < KEY:
+            deepest, node = min(n, self.max_match), found
+        else:
+            context = self.local.tokens
+            lengths = [match_lengths(store, positions, context, self.max_match) for store, positions in found]
+            deepest = max(int(each.max()) for each in lengths)
+            node = [(store, at[each >= deepest]) for (store, at), each in zip(found, lengths, strict=True)]
         limit = min(k, max(1, int(self.spec_factor * deepest)))
         if self.branches == 1:
             return chain(node, limit, self.min_score, deepest)
