@@ -21,7 +21,9 @@ from pathlib import Path
 
 from verispec.api import load_engine
 from verispec.bench import run, workloads
+from verispec.bench.configs import parse_config
 from verispec.bench.replay import Clock, replay
+from verispec.drafters.registry import drafter_names
 from verispec.planner import AUTO, Planner
 from verispec.prompts import load_prompts, select
 
@@ -65,10 +67,9 @@ def main() -> None:
     k = args.k if args.k == AUTO else int(args.k)
     table: dict[str, dict[str, list[float]]] = {}
     for config in args.configs:
-        name, _, rest = config.partition(":")
-        pairs = (o.split("=") for o in rest.split(",") if o)
-        options = {f"suffix_{key}": float(value) if "." in value else int(value) for key, value in pairs}
-        drafter = engine.drafter(name, scope=f"replay-{config}", **options)
+        # Options as the bench reads them (``suffix:cache=0`` is the cache's size, ...).
+        parsed = parse_config(config, drafter_names())
+        drafter = engine.drafter(parsed.name, scope=f"replay-{config}", **parsed.drafter_options())
         planner = Planner()
         sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
         for category, prompt, output in todo:

@@ -16,7 +16,8 @@ weights directory, as ``--drafter-weights``: two trainings compared in one run),
 drafter's candidates per node, the trained drafters' per drafted position: 1 drafts chains,
 more drafts trees), ``k_max`` (the most drafts ``k=auto`` may choose a round; the engine's
 default otherwise), ``kernels`` (where the head's layers run: auto, off = torch, or a kernel
-format q8_0, bf16, f32).
+format q8_0, bf16, f32), ``spec_factor``, ``min_score`` and ``max_match`` (the suffix
+drafter's longest draft per matched token, its score floor, and the longest match it measures).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -36,7 +37,8 @@ from verispec.errors import UserError
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
 VERISPEC_OPTIONS = {
-    *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels")
+    *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels"),
+    *("spec_factor", "min_score", "max_match"),
 }
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
@@ -93,11 +95,22 @@ class BenchConfig:
             options[key] = self.int_option("branches", 1)
         if "kernels" in self.options:
             options["head_kernels"] = self.options["kernels"]
+        for key in ("spec_factor", "min_score"):
+            if key in self.options:
+                options[f"suffix_{key}"] = self.float_option(key)
+        if "max_match" in self.options:
+            options["suffix_max_match"] = self.int_option("max_match", 1)
         return options
 
     def k_option(self, default: int | str) -> int | str:
         """Drafts per round: "auto" (the economics governor) or a fixed number."""
         return "auto" if self.options.get("k") == "auto" else self.int_option("k", default)  # type: ignore[arg-type]
+
+    def float_option(self, key: str) -> float:
+        try:
+            return float(self.options[key])
+        except ValueError as error:
+            raise BenchConfigError(f"{self.label}: {key} must be a number, got {self.options[key]!r}") from error
 
     def int_option(self, key: str, default: int) -> int:
         value = self.options.get(key)
