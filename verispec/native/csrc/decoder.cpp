@@ -1751,6 +1751,17 @@ class Decoder {
     return run(ids, segs, capture);
   }
 
+  // forward_segments with ids and segments (S * 4 values, row-major) as Python lists: what a
+  // decoding round passes, converted here rather than through torch.tensor in Python, which
+  // costs ~60 us a round right after a pass has swept the caches (measured in the engine).
+  std::vector<at::Tensor> forward_lists(const std::vector<int64_t>& ids, const std::vector<int64_t>& segments,
+                                        std::vector<int64_t> capture) {
+    TORCH_CHECK(segments.size() % 4 == 0, "segments must hold 4 values per segment, got ", segments.size());
+    auto ids_t = at::tensor(ids, at::kLong);
+    auto segments_t = at::tensor(segments, at::kLong).view({(int64_t)segments.size() / 4, 4});
+    return forward_segments(ids_t, segments_t, capture);
+  }
+
   // One pass over a token tree of one sequence: ids [n + 1] = the root (the pending token),
   // then node 0 .. n-1; parents [n] int64, node j's parent node (< j) or -1 for the root.
   // Row r (the root, then node r - 1) writes its keys and values at slot start + r of
@@ -2490,6 +2501,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_output", &vs::Decoder::set_output)
       .def("forward", &vs::Decoder::forward, py::call_guard<py::gil_scoped_release>())
       .def("forward_segments", &vs::Decoder::forward_segments, py::call_guard<py::gil_scoped_release>())
+      .def("forward_lists", &vs::Decoder::forward_lists, py::call_guard<py::gil_scoped_release>())
       .def("forward_tree", &vs::Decoder::forward_tree, py::call_guard<py::gil_scoped_release>())
       .def("keep_path", &vs::Decoder::keep_path, py::call_guard<py::gil_scoped_release>())
       .def("keys", &vs::Decoder::keys)
