@@ -150,19 +150,51 @@ def accept_greedy(
     ``max(0, p - q)`` keeps mass at ``t`` alone, or has none and falls back to ``p``. So the
     verdict is ``accept_chain``'s on the one-hot rows, uniforms used included (tested
     against it), without building and checking (k + 1, V) rows (~2 ms of a 9-row round)."""
-    t = checked_ids(target_tokens, "target_tokens")
-    tokens, q, u = checked_drafts(draft_tokens, draft_probs, uniforms, vocab)
-    k = tokens.shape[0]
-    if t.shape[0] != k + 1:
-        raise RuleInputError(f"target_tokens needs k + 1 = {k + 1} entries for {k} drafts, has {t.shape[0]}")
-    for token in t.tolist():
+    # Every greedy round comes here with a few values, right after a forward pass has swept
+    # the caches, where each NumPy call costs 5-30 us: lists of Python numbers are checked
+    # as they are (the same checks and messages as ``checked_drafts``).
+    t = _id_list(target_tokens, "target_tokens")
+    tokens = _id_list(draft_tokens, "draft_tokens")
+    k = len(tokens)
+    q = None if draft_probs is None else checked_rows(draft_probs, "draft_probs", ndim=2)
+    if q is not None and q.shape != (k, vocab):
+        raise RuleInputError(f"draft_probs has shape {q.shape}, expected {(k, vocab)}")
+    u = _uniform_list(uniforms, k)
+    for token in tokens:
+        check_token(token, vocab)
+    if len(t) != k + 1:
+        raise RuleInputError(f"target_tokens needs k + 1 = {k + 1} entries for {k} drafts, has {len(t)}")
+    for token in t:
         check_token(token, vocab)
     for i in range(k):
-        x, target = int(tokens[i]), int(t[i])
+        x, target = tokens[i], t[i]
         q_x = 1.0 if q is None else float(q[i, x])
         if not (x == target and q_x > 0.0 and u[2 * i] * q_x < 1.0):
             return ChainResult(accepted=i, token=target, uniforms_used=2 * i + 2)
-    return ChainResult(accepted=k, token=int(t[k]), uniforms_used=2 * k + 1)
+    return ChainResult(accepted=k, token=t[k], uniforms_used=2 * k + 1)
+
+
+def _id_list(values: ArrayLike, name: str) -> list[int]:
+    """``checked_ids(values, name)`` as a list: a list of Python ints passes as it is."""
+    if isinstance(values, list) and all(type(v) is int for v in values):
+        return values
+    return [int(v) for v in checked_ids(values, name).tolist()]
+
+
+def _uniform_list(values: ArrayLike, k: int) -> list[float]:
+    """A round's uniforms for ``k`` drafts as a list, checked as ``checked_drafts`` does."""
+    if isinstance(values, list) and all(type(v) is float for v in values):
+        u: list[float] = values
+    else:
+        array = np.asarray(values, dtype=np.float64)
+        if array.ndim != 1:
+            raise RuleInputError(f"{k} drafts take {2 * k + 1} uniforms, got shape {array.shape}")
+        u = [float(v) for v in array.tolist()]
+    if len(u) != UNIFORMS_PER_POSITION * k + 1:
+        raise RuleInputError(f"{k} drafts take {2 * k + 1} uniforms, got shape {(len(u),)}")
+    if not all(0.0 <= v < 1.0 for v in u):  # NaN fails both comparisons
+        raise RuleInputError(f"uniforms must lie in [0, 1), got {[v for v in u if not 0.0 <= v < 1.0][:3]}")
+    return u
 
 
 def checked_round(

@@ -392,11 +392,12 @@ def chain_verdict(
     """The rule on a chain's verify rows (``logits`` (k + 1, V)), and the first position's
     acceptance of a shadow draft. Greedy reads the rows' tokens alone (``accept_greedy``,
     the same verdict as ``accept_chain`` on the one-hot rows, ~2 ms less a 9-row round)."""
-    tokens = np.asarray(drafts, dtype=np.int64)
     if params.greedy:
-        targets = final_tokens(logits, params, prompt, output, drafts)
-        verdict = accept_greedy(targets, tokens, draft_probs, uniforms, logits.shape[1])
-        return verdict, token_acceptance(int(targets[0]))
+        # Lists: the rule checks a few Python numbers faster than arrays of them.
+        targets = final_tokens(logits, params, prompt, output, drafts).tolist()
+        verdict = accept_greedy(targets, list(drafts), draft_probs, uniforms.tolist(), logits.shape[1])
+        return verdict, token_acceptance(targets[0])
+    tokens = np.asarray(drafts, dtype=np.int64)
     # Sampled: the rule asks for the rows it reads (up to its first rejection), each
     # computed then (``final_rows``): ~1 ms less a 9-row round that rejects early.
     row = final_rows(logits, params, prompt, output, drafts)

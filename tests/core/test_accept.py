@@ -188,7 +188,10 @@ def test_greedy_verdict_is_the_rules_on_one_hot_rows(vocab, k, seed, kinds, near
     one_hot = np.eye(vocab)[targets]
     rows = [None, draft_rows(vocab, drafts, kinds[:k], rng.uniform(0.05, 1.0, size=k))]
     for q in rows if k > 0 else rows[:1]:
-        assert accept_greedy(targets, drafts, q, u, vocab) == accept_chain(one_hot, drafts, q, u)
+        verdict = accept_chain(one_hot, drafts, q, u)
+        assert accept_greedy(targets, drafts, q, u, vocab) == verdict
+        # Lists of Python numbers (as the engine passes them) take a path of their own.
+        assert accept_greedy(targets.tolist(), drafts.tolist(), q, u.tolist(), vocab) == verdict
 
 
 @given(
@@ -246,6 +249,16 @@ def test_greedy_verdict_refuses_what_the_rule_refuses():
         accept_greedy([0, 1], [0], np.array([[np.nan, 0.5]]), one, vocab=2)
     with pytest.raises(RuleInputError, match="ids"):
         accept_greedy([0.5, 1.0], [0], None, one, vocab=2)
+    # The same refusals where the uniforms (and ids) are lists of Python numbers.
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(RuleInputError, match="uniforms must lie in"):
+            accept_greedy([0, 1], [0], None, [0.5, bad, 0.5], vocab=2)
+    with pytest.raises(RuleInputError, match="take 3 uniforms"):
+        accept_greedy([0, 1], [0], None, [0.5, 0.5], vocab=2)
+    with pytest.raises(RuleInputError, match="outside the vocabulary"):
+        accept_greedy([0, 2], [0], None, [0.5, 0.5, 0.5], vocab=2)
+    with pytest.raises(RuleInputError, match="outside the vocabulary"):
+        accept_greedy([0, 1], [-1], None, [0.5, 0.5, 0.5], vocab=2)
 
 
 @pytest.mark.parametrize(
