@@ -1,9 +1,11 @@
 """The suffix drafter: the deepest match in the request or the cache, frequencies along the
 walk, the cache's bound and index, forks and scopes, and proposals that are prefixes."""
 
+import dataclasses
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from verispec.drafters import suffix
@@ -45,7 +47,7 @@ def test_the_request_alone_drafts_like_prompt_lookup():
     draft = proposal(drafter, [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 5)
     assert draft.tokens == [4, 5, 6, 7, 1] and draft.probs is None
     assert drafter.last.match == 3 and drafter.last.frequencies == [1.0] * 5
-    assert draft.source == source_of(drafter.last) == (3, 1)
+    assert draft.source == source_of(drafter.last) == (3, 1, 0)
     assert proposal(drafter, [1, 2, 3], 4).tokens == []  # nothing seen before: no draft
     assert proposal(drafter, [1, 2, 1], 0).tokens == []
 
@@ -283,12 +285,13 @@ def test_few_and_many_positions_get_the_same_match_lengths(store, context, picks
 def defined_search(drafter: SuffixDrafter, k: int) -> suffix.Walk:
     """A proposal by its definition, brute force: the longest key (KEY..1 of the context's last
     tokens) with an occurrence in either store (the most recent MAX_CANDIDATES a store), each
-    occurrence's match length compared token by token, and the walk from the deepest ones."""
+    occurrence's match length compared token by token, and the walk from the deepest ones,
+    which rests on the cache alone where none of them is in the request."""
     context, cache = drafter.local.ids, drafter.cache.tokens.tolist()
     for n in range(min(KEY, len(context)), 0, -1):
         tail = context[len(context) - n :]
-        stores = [(store, brute_force(store, tail)[-MAX_CANDIDATES:]) for store in (cache, context)]
-        stores = [(store, positions) for store, positions in stores if positions]
+        stores = [(own, store, brute_force(store, tail)[-MAX_CANDIDATES:]) for own, store in ((0, cache), (1, context))]
+        stores = [(own, store, positions) for own, store, positions in stores if positions]
         if stores:
             break
     else:
@@ -300,16 +303,19 @@ def defined_search(drafter: SuffixDrafter, k: int) -> suffix.Walk:
             n += 1
         return n
 
-    deepest = max(matched(store, p) for store, positions in stores for p in positions)
-    node = [
-        (np.asarray(store, dtype=np.int64), np.asarray([p for p in positions if matched(store, p) == deepest]))
-        for store, positions in stores
-    ]
+    deepest = max(matched(store, p) for _, store, positions in stores for p in positions)
+    node = [(own, store, [p for p in positions if matched(store, p) == deepest]) for own, store, positions in stores]
+    node = [(own, store, positions) for own, store, positions in node if positions]
     depth = min(k, max(1, int(drafter.spec_factor * deepest)))
-    return suffix.walk([(store, p) for store, p in node if p.shape[0]], depth, drafter.min_score, deepest)
+    arrays = [(np.asarray(store, dtype=np.int64), np.asarray(positions)) for _, store, positions in node]
+    found = suffix.walk(arrays, depth, drafter.min_score, deepest)
+    return dataclasses.replace(found, cached_only=not any(own for own, _, _ in node))
 
 
 @settings(max_examples=200, deadline=None)
+# Past FEW_OCCURRENCES (the array path): a node in the cache alone, and one in both stores.
+@example(vocab=2, documents=[[0, 1, 1] * 16] * 3, context=[1, 0, 1], k=4, max_match=64, spec_factor=1.0, min_score=0)
+@example(vocab=2, documents=[[0, 1, 1] * 16] * 3, context=[0, 1, 1] * 4, k=4, max_match=5, spec_factor=1.0, min_score=0)
 @given(
     vocab=st.sampled_from([2, 4, 40]),
     documents=st.lists(st.lists(st.integers(0, 39), max_size=50), max_size=6),

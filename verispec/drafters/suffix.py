@@ -31,9 +31,13 @@ alternative where its chance pays for its row). The engine verifies a tree in on
 (``verispec.accept_tree``) where the target can (``verify_tree``), else the tree's main chain.
 
 Drafts are deterministic, so q is a point mass. A proposal's source is (match length bucket,
-first frequency bucket): the governor keeps acceptance estimates per source, as it does for
-lookup's n. Proposing is a read (``pure_proposals``): a chain of k tokens is the first k of a
-longer one, because the walk does not depend on k.
+first frequency bucket, whether it rests on the cache alone): the governor keeps acceptance
+estimates per source, as it does for lookup's n. A match in earlier requests alone is weaker
+evidence than one in the request itself (on the dev prompts, where requests share little, such
+drafts were accepted less often and drafting them cost more than the cache gave); as a source
+of its own, the governor drafts it where it has been right and shadows it where not.
+Proposing is a read (``pure_proposals``): a chain of k tokens is the first k of a longer one,
+because the walk does not depend on k.
 
 The cache never mixes scopes: the server gives each API key's requests a drafter of their own
 (``scope`` option), so one key's prompts never become another key's drafts.
@@ -41,6 +45,7 @@ The cache never mixes scopes: the server gives each API key's requests a drafter
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import threading
 from collections.abc import Sequence
@@ -244,6 +249,7 @@ class Walk:
     count: int
     frequencies: list[float]
     parents: list[int] = field(default_factory=list)
+    cached_only: bool = False  # the node's occurrences are all in the cache, none in the request
 
     @property
     def scores(self) -> list[float]:
@@ -483,11 +489,12 @@ def _grow(found: Walk, token: int, frequency: float) -> None:
     found.frequencies.append(frequency)
 
 
-def source_of(found: Walk) -> tuple[int, int]:
-    """The governor's key for a proposal: (match bucket, 1 if its first token is near sure)."""
+def source_of(found: Walk) -> tuple[int, int, int]:
+    """The governor's key for a proposal: (match bucket, 1 if its first token is near sure,
+    1 if it rests on the cache alone)."""
     match = max(b for b in MATCH_BUCKETS if b <= max(1, found.match))
     first = found.frequencies[0] if found.frequencies else 0.0
-    return match, int(first >= SURE)
+    return match, int(first >= SURE), int(found.cached_only)
 
 
 class SuffixDrafter:
@@ -591,7 +598,8 @@ class SuffixDrafter:
         runs += [
             ((1 << 40) + p, ids[p : p + depth]) for p, length in zip(own, own_lengths, strict=True) if length >= deepest
         ]
-        found = Walk([], deepest, len(runs), [], [])
+        cached_only = not any(length >= deepest for length in own_lengths)
+        found = Walk([], deepest, len(runs), [], [], cached_only)
         _follow_runs(found, runs, depth, 1.0, self.min_score)
         return found
 
@@ -599,20 +607,23 @@ class SuffixDrafter:
         """``search`` for many occurrences (or a tree), on arrays: ``found`` holds each store
         with the occurrences of the longest key (``n`` tokens) that has any, the request's own
         store last."""
-        found = [(store, positions) for store, positions in found if positions.shape[0]]
+        context = self.local.tokens
         if n < KEY:
-            deepest, node = min(n, self.max_match), found
+            lengths = [np.full(positions.shape[0], min(n, self.max_match)) for _, positions in found]
         else:
-            context = self.local.tokens
             lengths = [match_lengths(store, positions, context, self.max_match) for store, positions in found]
-            deepest = max(int(each.max()) for each in lengths)
-            node = [(store, at[each >= deepest]) for (store, at), each in zip(found, lengths, strict=True)]
+        deepest = max(int(each.max()) for each in lengths if each.shape[0])
+        node = [(store, at[each >= deepest]) for (store, at), each in zip(found, lengths, strict=True)]
+        cached_only = not node[-1][1].shape[0]  # the request's own store is the last
+        node = [(store, at) for store, at in node if at.shape[0]]
         limit = min(k, max(1, int(self.spec_factor * deepest)))
         if self.branches == 1:
-            return chain(node, limit, self.min_score, deepest)
-        # A tree may hold up to ``branches`` nodes per position of depth: which of them a
-        # round verifies is the governor's choice (``verispec.tree_sizing``).
-        return walk(node, limit, self.min_score, deepest, self.branches, limit * self.branches)
+            found_walk = chain(node, limit, self.min_score, deepest)
+        else:
+            # A tree may hold up to ``branches`` nodes per position of depth: which of them a
+            # round verifies is the governor's choice (``verispec.tree_sizing``).
+            found_walk = walk(node, limit, self.min_score, deepest, self.branches, limit * self.branches)
+        return dataclasses.replace(found_walk, cached_only=cached_only)
 
     def observe(self, context: Sequence[int], accepted: int) -> None:
         self._sync(context)
