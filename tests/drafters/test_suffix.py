@@ -56,12 +56,13 @@ def test_earlier_requests_teach_later_ones_and_a_zero_cache_forgets():
     for capacity, expected in ((1000, [30, 31, 32, 33]), (0, [])):
         drafter = make(SuffixCache(capacity))
         run(drafter, [5, 6, 7, 8, 9, 30, 31, 32, 33])
-        assert proposal(drafter, [40, 41, 8, 9], 4).tokens == expected
+        assert proposal(drafter, [40, 41, 7, 8, 9], 4).tokens == expected
+        assert proposal(drafter, [40, 41, 8, 9], 4).tokens == []  # the cache is asked for KEY tokens only
     drafter = make(SuffixCache(1000))
     drafter.begin([1, 2, 3], SamplingParams())
     drafter.observe([1, 2, 3, 4, 5], 1)  # the output so far belongs to the document too
     drafter.reset()
-    assert proposal(drafter, [9, 3, 4], 2).tokens == [5]
+    assert proposal(drafter, [9, 2, 3, 4], 2).tokens == [5]
 
 
 def test_frequencies_choose_the_continuation_and_the_score_ends_the_walk():
@@ -89,10 +90,10 @@ def test_the_deepest_match_wins_over_a_more_frequent_shallow_one():
 
 def test_on_a_tie_the_request_itself_wins_then_the_most_recent():
     drafter = make(SuffixCache(1000))
-    run(drafter, [4, 5, 70])
-    run(drafter, [4, 5, 80])
-    assert proposal(drafter, [9, 4, 5], 1).tokens == [80]  # the later document
-    assert proposal(drafter, [4, 5, 90, 3, 4, 5], 1).tokens == [90]  # its own earlier "4 5"
+    run(drafter, [3, 4, 5, 70])
+    run(drafter, [3, 4, 5, 80])
+    assert proposal(drafter, [9, 3, 4, 5], 1).tokens == [80]  # the later document
+    assert proposal(drafter, [3, 4, 5, 90, 3, 4, 5], 1).tokens == [90]  # its own earlier "3 4 5"
 
 
 def test_matches_and_walks_stop_at_document_ends():
@@ -106,9 +107,9 @@ def test_matches_and_walks_stop_at_document_ends():
 
 def test_proposals_are_prefixes_of_longer_ones():
     drafter = make(SuffixCache(1000), min_score=0.0)
-    for doc in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9], [2, 3, 4, 5, 7]):
+    for doc in ([1, 2, 3, 4, 5, 6, 8], [1, 2, 3, 4, 9, 9], [2, 3, 4, 5, 6, 7]):
         run(drafter, doc)
-    context = [0, 2, 3]
+    context = [0, 2, 3, 4]
     longest = proposal(drafter, context, 8).tokens
     assert len(longest) >= 3
     for k in range(len(longest) + 1):
@@ -161,9 +162,9 @@ def test_forks_share_the_cache_and_keep_their_own_documents():
     assert fork.cache is drafter.cache
     drafter.begin([1, 2, 3, 4], SamplingParams())
     fork.begin([5, 6, 7, 8], SamplingParams())
-    assert fork.propose([5, 6, 7, 8, 1, 2], 2, RNG).tokens == []  # the other request is not over
+    assert fork.propose([5, 6, 7, 8, 1, 2, 3], 1, RNG).tokens == []  # the other request is not over
     drafter.reset()
-    assert fork.propose([5, 6, 7, 8, 1, 2], 2, RNG).tokens == [3, 4]
+    assert fork.propose([5, 6, 7, 8, 1, 2, 3], 1, RNG).tokens == [4]
 
 
 def test_engine_scopes_keep_caches_apart(tiny_engine):
@@ -172,8 +173,8 @@ def test_engine_scopes_keep_caches_apart(tiny_engine):
     other = tiny_engine.drafter("suffix", scope="key-b")
     assert other.cache is not first.cache
     run(first, [1, 2, 3, 4, 5])
-    assert proposal(first, [9, 2, 3], 2).tokens == [4, 5]
-    assert proposal(other, [9, 2, 3], 2).tokens == []
+    assert proposal(first, [9, 1, 2, 3], 2).tokens == [4, 5]
+    assert proposal(other, [9, 1, 2, 3], 2).tokens == []
     assert len(tiny_engine.drafter("suffix", scope="key-c", suffix_cache_tokens=0).cache) == 0
 
 
@@ -284,13 +285,14 @@ def test_few_and_many_positions_get_the_same_match_lengths(store, context, picks
 
 def defined_search(drafter: SuffixDrafter, k: int) -> suffix.Walk:
     """A proposal by its definition, brute force: the longest key (KEY..1 of the context's last
-    tokens) with an occurrence in either store (the most recent MAX_CANDIDATES a store), each
-    occurrence's match length compared token by token, and the walk from the deepest ones,
-    which rests on the cache alone where none of them is in the request."""
+    tokens) with an occurrence in the request or, for KEY tokens, in the cache (the most recent
+    MAX_CANDIDATES a store), each occurrence's match length compared token by token, and the
+    walk from the deepest ones, which rests on the cache alone where none is in the request."""
     context, cache = drafter.local.ids, drafter.cache.tokens.tolist()
     for n in range(min(KEY, len(context)), 0, -1):
         tail = context[len(context) - n :]
-        stores = [(own, store, brute_force(store, tail)[-MAX_CANDIDATES:]) for own, store in ((0, cache), (1, context))]
+        asked = ((0, cache), (1, context)) if n == KEY else ((1, context),)
+        stores = [(own, store, brute_force(store, tail)[-MAX_CANDIDATES:]) for own, store in asked]
         stores = [(own, store, positions) for own, store, positions in stores if positions]
         if stores:
             break
