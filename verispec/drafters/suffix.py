@@ -572,10 +572,9 @@ class SuffixDrafter:
             # The cache is asked for the longest key only: a match of one or two tokens in
             # other requests is weak evidence, and a short key's many occurrences there are
             # what made proposals dear (dev prompts: 0.14 ms a round with them, 0.08 without).
+            # (Below KEY, ``cached`` is the longest key's: empty, or the loop would have ended.)
             if n == KEY and len(self.cache):
                 store, cached = self.cache.find(tail)
-            else:
-                cached = cached[:0]
             if own or cached.shape[0]:
                 break
         else:
