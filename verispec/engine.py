@@ -36,7 +36,7 @@ from verispec.accept import ChainResult
 from verispec.accept_tree import TreeResult, tree_depths
 from verispec.detokenize import TextStream
 from verispec.drafters.base import Drafter, DrafterContext
-from verispec.drafters.registry import LEARNING_DRAFTERS, create_drafter
+from verispec.drafters.registry import LEARNING_DRAFTERS, check_options, create_drafter
 from verispec.errors import UserError
 from verispec.governor import ALONE, Load
 from verispec.memory import RELEASE_AFTER_TOKENS, release_free_memory
@@ -213,7 +213,9 @@ class Engine:
     def drafter(self, name: str, *, fresh: bool = False, **options: Any) -> Drafter:
         """The drafter ``name`` for this engine's target, built once per set of options, or
         with ``fresh`` a new one kept apart (a drafter that learns across requests, such as
-        ``suffix``, then learns only from the requests it serves)."""
+        ``suffix``, then learns only from the requests it serves). ``options`` are that
+        drafter's own (``registry.DRAFTER_OPTIONS``); any other is refused (``DrafterError``)."""
+        check_options(name, options)  # before the engine-wide ones, which every drafter is handed
         merged = {**self.drafter_options, **options}
         if fresh:
             return create_drafter(name, DrafterContext(self.target, self.tokenizer, merged))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verispec.drafters.base import DrafterError, check_confidence
+from verispec.drafters.registry import check_options
 from verispec.errors import UserError
 
 PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
@@ -153,6 +154,12 @@ def parse_config(text: str, drafters: list[str]) -> BenchConfig:
         config.drafter_options()
     except DrafterError as error:
         raise BenchConfigError(f"{text!r}: {error}") from error
+    if name in drafters:  # each option alone: the message names the option as written
+        for key, value in options.items():
+            try:
+                check_options(name, BenchConfig(text, name, {key: value}).drafter_options())
+            except DrafterError as error:
+                raise BenchConfigError(f"{text!r}: option {key} does not apply to {name}") from error
     return config
 
 

@@ -10,7 +10,7 @@ should not), and no drafter imports the registry.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from verispec.drafters.base import Drafter, DrafterContext, DrafterError
 
@@ -21,6 +21,24 @@ CONTROLS = frozenset({"wrong"})
 # Drafters that learn from earlier requests (the suffix cache): a server with several API keys
 # builds one per key (``scope`` option), so one key's prompts never draft for another.
 LEARNING_DRAFTERS = frozenset({"suffix"})
+
+# The options each drafter reads from its context (``DrafterContext.option``). ``Engine.drafter``
+# and the bench refuse any other option asked for a drafter by name, so a misspelt or misplaced
+# one fails instead of being ignored. The engine-wide options (``Engine.drafter_options``, the
+# same for every drafter) are not checked. ``scope`` keys a learning drafter's instance.
+_TRAINED = ("drafter_weights", "min_confidence", "draft_branches")
+DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
+    "none": frozenset(),
+    "lookup": frozenset({"max_ngram", "min_ngram"}),
+    "suffix": frozenset(
+        {"suffix_cache_tokens", "suffix_max_match", "suffix_min_score", "suffix_branches", "suffix_spec_factor"}
+    )
+    | {"scope"},
+    "model": frozenset({"draft_target", "draft_tokenizer"}),
+    "head": frozenset({*_TRAINED, "head_kernels"}),
+    "block": frozenset(_TRAINED),
+    "wrong": frozenset({"wrong_token"}),
+}
 
 
 @functools.cache
@@ -49,3 +67,15 @@ def create_drafter(name: str, context: DrafterContext) -> Drafter:
     if factory is None:
         raise DrafterError(f"unknown drafter {name!r}; known: {', '.join(drafter_names())}")
     return factory(context)
+
+
+def check_options(name: str, options: Iterable[str]) -> None:
+    """``DrafterError`` where ``options`` (keys) holds one that drafter ``name`` does not read
+    (an unknown name is left to ``create_drafter``, which says so)."""
+    if name not in DRAFTER_OPTIONS:
+        return
+    takes = DRAFTER_OPTIONS[name]
+    unknown = sorted(set(options) - takes)
+    if unknown:
+        accepted = ", ".join(sorted(takes)) or "none"
+        raise DrafterError(f"drafter {name!r} takes no option {', '.join(unknown)}; its options: {accepted}")
