@@ -2,6 +2,7 @@
 that do not depend on the other rows of a pass."""
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from gguf import quants
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec import cpu
 from verispec.native import formats, kernels
 
 RNG = np.random.default_rng(1)
@@ -138,6 +140,25 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count, la
     inputs = quantised_activations(x.numpy())
     expected = inputs.astype(np.float64) @ weights.dequantize().astype(np.float64).T
     assert np.abs(whole.numpy() - expected).max() / np.abs(expected).max() < 1e-5
+
+
+def test_a_q4_matrix_whose_scales_float16_does_not_hold_keeps_the_vector_kernels(ext):
+    # On AVX2 without VNNI the wide layout keeps Q4's scales and minimums as float16, which
+    # holds every value a GGUF block stores. A matrix with one it does not hold (0.1 here)
+    # must not be rounded: it keeps no wide layout, and its rows are what its arithmetic gives.
+    weights = weights_in("Q4_1", 36, 96)
+    exact = matrix(ext, weights)
+    assert exact.wide == bool(ext.wide_available())
+    inexact = replace(weights, scale=weights.scale.copy())
+    inexact.scale[5, 1] = np.float32(0.1)
+    assert np.float32(np.float16(inexact.scale[5, 1])) != inexact.scale[5, 1]
+    m = matrix(ext, inexact)
+    if ext.wide_available() and not cpu.cpu_has_avx512_vnni():  # the AVX2 wide layout (float16)
+        assert not m.wide
+    x = RNG.standard_normal((3, 96)).astype(np.float32)
+    y = ext.apply(m, torch.from_numpy(x)).numpy()
+    expected = quantised_activations(x).astype(np.float64) @ inexact.dequantize().astype(np.float64).T
+    assert np.abs(y - expected).max() / np.abs(expected).max() < 1e-5
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])

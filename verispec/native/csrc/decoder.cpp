@@ -402,6 +402,9 @@ struct Matrix {
   at::Tensor wide_data, wide_scales;
   const uint8_t* wide_codes = nullptr;
   const float *wide_d = nullptr, *wide_m = nullptr;
+  // AVX2 without VNNI keeps the wide layout's scales and minimums as float16 instead, per
+  // group and block 16 scales, then 16 minimums: one cache line (see prepack_wide).
+  const uint16_t* wide_halves = nullptr;
   int64_t tiles() const { return (rows + TILE - 1) / TILE; }
   int64_t blocks() const { return cols / QK; }
   bool quantized() const { return format == Q8_0 || format == Q4; }
@@ -1335,8 +1338,7 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
   static_assert(Q4BLOCKS, "the AVX2 wide layout holds 4-bit matrices only");
   const int64_t B = w.blocks(), K = w.cols;
   const uint8_t* tiles = w.wide_codes + g * B * 256;
-  const float* dw = w.wide_d + g * B * WIDE_OUTPUTS;
-  const float* mw = w.wide_m + g * B * WIDE_OUTPUTS;
+  const uint16_t* halves = w.wide_halves + g * B * 2 * WIDE_OUTPUTS;  // [B][scales 16, minimums 16]
   const float* DX = xq.d.data() + r0 * B;
   const float* SX = xq.s.data() + r0 * B;
   const int8_t* X = xq.q.data() + r0 * K;
@@ -1346,18 +1348,19 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
     for (int h = 0; h < 2; h++) acc[r][h] = minimum[r][h] = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; b++) {
     // The block PREFETCH_BLOCKS on (past the group's last, the next group's: the same
-    // thread's next, mostly): its 4 lines of codes and its lines of scales and minimums.
+    // thread's next, mostly): its 4 lines of codes and its line of scales and minimums.
     const int64_t ahead = b + PREFETCH_BLOCKS;
     for (int c = 0; c < 4; c++) _mm_prefetch((const char*)(tiles + ahead * 256 + 64 * c), WEIGHT_HINT);
-    _mm_prefetch((const char*)(dw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
-    _mm_prefetch((const char*)(mw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
+    _mm_prefetch((const char*)(halves + ahead * 2 * WIDE_OUTPUTS), WEIGHT_HINT);
     for (int h = 0; h < 2; h++) {  // outputs 8h .. 8h + 7
       __m256i wv[QK / 4];          // wv[k]: codes 4k .. 4k + 3 of the 8 outputs
       for (int k = 0; k < 4; k++) {
         const __m256i v = _mm256_load_si256((const __m256i*)(tiles + b * 256 + 64 * k + 32 * h));
         wv[k] = _mm256_and_si256(v, low), wv[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       }
-      const __m256 d = _mm256_loadu_ps(dw + b * WIDE_OUTPUTS + 8 * h);
+      const uint16_t* half = halves + b * 2 * WIDE_OUTPUTS + 8 * h;
+      const __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i*)half));
+      const __m256 mins = _mm256_cvtph_ps(_mm_load_si128((const __m128i*)(half + WIDE_OUTPUTS)));
       for (int r = 0; r < R; r++) {
         const int8_t* x = X + r * K + b * QK;
         __m256i sums = _mm256_setzero_si256();
@@ -1369,8 +1372,7 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
         const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(DX[r * B + b]));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones)), scale, acc[r][h]);
         // the minimums in block order too, apart from the products
-        minimum[r][h] =
-            _mm256_fmadd_ps(_mm256_loadu_ps(mw + b * WIDE_OUTPUTS + 8 * h), _mm256_set1_ps(SX[r * B + b]), minimum[r][h]);
+        minimum[r][h] = _mm256_fmadd_ps(mins, _mm256_set1_ps(SX[r * B + b]), minimum[r][h]);
       }
     }
   }
@@ -1475,34 +1477,68 @@ static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, fl
   });
 }
 
+#ifdef VS_WIDE_AVX2
+// The float16 bits of v where float16 holds v exactly, else -1. It holds every q4 matrix's
+// scales and minimums: they come from GGUF Q4_0 / Q4_1 blocks, which store them as float16
+// (Q4_0's minimum is -8 times its scale, exact too).
+static int32_t exact_half(float v) {
+  const uint16_t half = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const float back = _cvtsh_ss(half);
+  return std::memcmp(&back, &v, sizeof v) == 0 ? half : -1;
+}
+#endif
+
 // The weights in the wide layout, AMX's (see above), kept beside the packed tiles: per group of 16
 // outputs and block, Q4's 16-byte halves as one 4 x 64-byte tile of code bytes whose low
 // nibbles are the first half and high nibbles the second (a Q4 byte holds weights i and
 // i + 16), Q8's as two; the scales (and minimums) as [groups][blocks][16]. Outputs past the
-// matrix's rows are zero.
+// matrix's rows are zero. On AVX2 without VNNI (4-bit only) the scales and minimums are
+// float16, per group and block one 64-byte line of 16 scales then 16 minimums: a 1-row pass
+// is bound by memory there, and reads 0.625 bytes a weight instead of 0.75. The kernel widens
+// them to the same floats, so the bits do not change; a matrix with a value float16 does not
+// hold exactly keeps no wide layout (the vector kernels, the same bits again).
 static void prepack_wide(Matrix& m) {
   const int64_t B = m.blocks(), groups = (m.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS, tiles = m.tiles();
   const bool q4 = m.format == Q4;
   const int64_t words = q4 ? 64 : 128;  // 4-byte words per group and block
   m.wide_data = at::zeros({groups * B * words * 4 + 64}, at::kByte);
-  m.wide_scales = at::zeros({(q4 ? 2 : 1) * groups * B * WIDE_OUTPUTS}, at::kFloat);
   uint8_t* base = (uint8_t*)(((uintptr_t)m.wide_data.data_ptr<uint8_t>() + 63) & ~(uintptr_t)63);
+#ifdef VS_WIDE_AVX2
+  m.wide_scales = at::zeros({groups * B * 2 * WIDE_OUTPUTS + 32}, at::kShort);
+  uint16_t* halves = (uint16_t*)(((uintptr_t)m.wide_scales.data_ptr<int16_t>() + 63) & ~(uintptr_t)63);
+#else
+  m.wide_scales = at::zeros({(q4 ? 2 : 1) * groups * B * WIDE_OUTPUTS}, at::kFloat);
   float* scales = m.wide_scales.data_ptr<float>();
+#endif
   for (int64_t g = 0; g < groups; g++)
     for (int64_t b = 0; b < B; b++) {
       uint32_t* out = (uint32_t*)(base + (g * B + b) * words * 4);
       for (int64_t n = 0; n < WIDE_OUTPUTS; n++) {
         const int64_t t = g * (WIDE_OUTPUTS / TILE) + n / TILE, at = (t * B + b) * TILE + n % TILE;
         if (t >= tiles) continue;
+#ifdef VS_WIDE_AVX2
+        const int32_t scale = exact_half(m.d[at]), minimum = exact_half(m.m[at]);
+        if (scale < 0 || minimum < 0) {
+          m.wide_data = m.wide_scales = at::Tensor();
+          return;
+        }
+        halves[(g * B + b) * 2 * WIDE_OUTPUTS + n] = (uint16_t)scale;
+        halves[(g * B + b) * 2 * WIDE_OUTPUTS + WIDE_OUTPUTS + n] = (uint16_t)minimum;
+#else
         scales[(g * B + b) * WIDE_OUTPUTS + n] = m.d[at];
         if (q4) scales[(groups + g) * B * WIDE_OUTPUTS + b * WIDE_OUTPUTS + n] = m.m[at];
+#endif
         const uint8_t* raw = (const uint8_t*)m.raw + at * (q4 ? QK / 2 : QK);
         for (int64_t k = 0; k < words / WIDE_OUTPUTS; k++) std::memcpy(&out[k * WIDE_OUTPUTS + n], raw + 4 * k, 4);
       }
     }
   m.wide_codes = base;
+#ifdef VS_WIDE_AVX2
+  m.wide_halves = halves;
+#else
   m.wide_d = scales;
   m.wide_m = q4 ? scales + groups * B * WIDE_OUTPUTS : nullptr;
+#endif
 }
 #endif
 
@@ -1718,7 +1754,7 @@ class Decoder {
     embed_ = embed, norm_ = norm.contiguous(), head_ = head;
     if (embed_.raw != head_.raw) {  // an embedding apart from the head is only read by rows
       embed_.wide_data = embed_.wide_scales = at::Tensor();
-      embed_.wide_codes = nullptr, embed_.wide_d = embed_.wide_m = nullptr;
+      embed_.wide_codes = nullptr, embed_.wide_d = embed_.wide_m = nullptr, embed_.wide_halves = nullptr;
     }
   }
 
@@ -2489,7 +2525,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<vs::Matrix>(m, "Matrix")
       .def_readonly("format", &vs::Matrix::format)
       .def_readonly("rows", &vs::Matrix::rows)
-      .def_readonly("cols", &vs::Matrix::cols);
+      .def_readonly("cols", &vs::Matrix::cols)
+      .def_property_readonly(
+          "wide", [](const vs::Matrix& w) { return w.wide_codes != nullptr; }, "whether it carries the wide layout");
   m.def("make_matrix", &vs::make_matrix, py::arg("format"), py::arg("rows"), py::arg("cols"), py::arg("data"),
         py::arg("scale") = py::none(), py::arg("minimum") = py::none(), py::arg("bias") = py::none());
   m.def("apply", &vs::Decoder::apply, "y = x W^T", py::call_guard<py::gil_scoped_release>());
