@@ -1468,7 +1468,14 @@ static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, fl
           case 2: wide_rows<Q4BLOCKS, 2>(w, g, xq, r0, y, ldy); break;
           case 3: wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy); break;
           case 4: wide_rows<Q4BLOCKS, 4>(w, g, xq, r0, y, ldy); break;
-          case 5: wide_rows<Q4BLOCKS, 5>(w, g, xq, r0, y, ldy); break;
+          case 5:  // as 3 and 2: on Zen 2 wide_rows<5> cost as much as 6 rows (its registers)
+#ifdef VS_WIDE_AVX2
+            wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy);
+            wide_rows<Q4BLOCKS, 2>(w, g, xq, r0 + 3, y, ldy);
+#else
+            wide_rows<Q4BLOCKS, 5>(w, g, xq, r0, y, ldy);
+#endif
+            break;
           case 6: wide_rows<Q4BLOCKS, 6>(w, g, xq, r0, y, ldy); break;
           case 7: wide_rows<Q4BLOCKS, 7>(w, g, xq, r0, y, ldy); break;
           default: wide_rows<Q4BLOCKS, 8>(w, g, xq, r0, y, ldy); break;
