@@ -27,13 +27,11 @@ LEARNING_DRAFTERS = frozenset({"suffix"})
 # one fails instead of being ignored. The engine-wide options (``Engine.drafter_options``, the
 # same for every drafter) are not checked. ``scope`` keys a learning drafter's instance.
 _TRAINED = ("drafter_weights", "min_confidence", "draft_branches")
+_SUFFIX = ("suffix_cache_tokens", "suffix_max_match", "suffix_min_score", "suffix_branches", "suffix_spec_factor")
 DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "lookup": frozenset({"max_ngram", "min_ngram"}),
-    "suffix": frozenset(
-        {"suffix_cache_tokens", "suffix_max_match", "suffix_min_score", "suffix_branches", "suffix_spec_factor"}
-    )
-    | {"scope"},
+    "suffix": frozenset({*_SUFFIX, "scope"}),
     "model": frozenset({"draft_target", "draft_tokenizer"}),
     "head": frozenset({*_TRAINED, "head_kernels"}),
     "block": frozenset(_TRAINED),

@@ -1468,8 +1468,8 @@ static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, fl
           case 2: wide_rows<Q4BLOCKS, 2>(w, g, xq, r0, y, ldy); break;
           case 3: wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy); break;
           case 4: wide_rows<Q4BLOCKS, 4>(w, g, xq, r0, y, ldy); break;
-          case 5:  // as 3 and 2: on Zen 2 wide_rows<5> cost as much as 6 rows (its registers)
-#ifdef VS_WIDE_AVX2
+          case 5:
+#ifdef VS_WIDE_AVX2  // as 3 and 2 rows: on Zen 2 wide_rows<5> cost as much as 6 rows (its registers)
             wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy);
             wide_rows<Q4BLOCKS, 2>(w, g, xq, r0 + 3, y, ldy);
 #else
