@@ -127,6 +127,29 @@ def test_long_prompts_prefill_in_chunks_while_others_decode(batched):
     assert reading.result.token_ids == alone.token_ids
 
 
+def test_passes_that_read_prompt_chunks_do_not_price_a_governors_rows(batched):
+    """A 32-token chunk of another request's prompt rides in the passes of a governed request:
+    those passes' times are mostly the chunk's, and do not refine what its rows cost."""
+    scheduler = Scheduler(batched, max_running=4, max_rows=64, prefill_chunk=32)
+    assert batched.planner.batch_rows >= 4  # its governors price rows beside up to 3 others
+    decoding = scheduler.start(batched.request(PROMPTS[0], drafter="lookup", k="auto", temperature=0, max_tokens=60))
+    while not decoding.stats.rounds:
+        scheduler.step()
+    costs = decoding.request.planner.governor.costs
+    priced: list[int] = []
+    observe = costs.observe_verify
+    costs.observe_verify = lambda rows, seconds: (priced.append(rows), observe(rows, seconds))[1]
+    long_prompt = " ".join(f"chunk{i}" for i in range(20))  # its own: no cached prefix
+    scheduler.start(batched.request(long_prompt, drafter="none", temperature=0, max_tokens=4))
+    shared = []
+    while scheduler.running:
+        report = scheduler.step()
+        if not decoding.finished and report.requests > 1:
+            shared.append(report.rows)
+    assert max(shared) > 32  # chunks did share its passes
+    assert priced and max(priced) <= 1 + 8 + 1  # its own rows, and the other request's decode row
+
+
 def test_rows_per_step_stay_within_max_rows(batched, tiny_drafters):
     asked = [(p, {**o, "drafter": "lookup", "k": 7}) for p, o in requests(batched, 8, tiny_drafters)]
     runs, reports = run_together(Scheduler(batched, max_running=8, max_rows=12), batched, asked)

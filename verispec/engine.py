@@ -106,7 +106,8 @@ class Prefill:
 @dataclass
 class Verify:
     """The pending token and the drafts, one verify pass; resumes with (logits, seconds, rows,
-    neighbours): the pass's seconds and rows, and how many other requests shared it.
+    neighbours, prompt_rows): the pass's seconds and rows, how many other requests shared it,
+    and how many of its rows were other requests' prompt chunks.
     ``parents``: None for a chain; for a tree of drafts, each draft's parent (-1: the pending
     token), verified with ``target.verify_tree`` (``verispec.accept_tree``)."""
 
@@ -304,7 +305,7 @@ class Engine:
                                 logits = self.target.verify_tree(work.ids, work.parents)  # type: ignore[attr-defined]
                             else:
                                 logits = self.target.verify(work.ids)
-                            result = (logits, time.perf_counter() - start, len(work.ids), 0)
+                            result = (logits, time.perf_counter() - start, len(work.ids), 0, 0)
                     if isinstance(work, str):
                         yield work
                     elif isinstance(work, Prefill):
@@ -365,7 +366,7 @@ class Engine:
         planner = request.planner = self.planner.begin(
             drafter,
             stats,
-            lambda k_max: calibrate(target, drafter, context, len(prompt), params, k_max),
+            lambda k_max, rows: calibrate(target, drafter, context, len(prompt), params, k_max, rows),
             request.k,
             request.k_max,
             # A seeded sampled request must get the same k schedule every time.
@@ -383,7 +384,9 @@ class Engine:
                 draft = draft.main_chain()
             tree = draft.parents if draft.is_tree else None
             t1 = time.perf_counter()
-            logits, verify_seconds, verify_rows, neighbours = yield Verify([context[-1], *draft.tokens], tree)
+            logits, verify_seconds, verify_rows, neighbours, prompt_rows = yield Verify(
+                [context[-1], *draft.tokens], tree
+            )
             stats.observe_pass(neighbours + 1, verify_rows)
             t2 = time.perf_counter()
             output = context[len(prompt) :]
@@ -409,8 +412,16 @@ class Engine:
             # A tree's offered positions are its depth: per-position acceptance reads as a
             # chain's would (its other nodes are extra rows of the pass, in ``pass_rows``).
             stats.observe(offered, accepted, int(committed == verdict.accepted + 1), t1 - t0, verify_s)
+            # A pass that also read prompt chunks does not price rows: its time is mostly theirs.
             planner.observe(
-                offered, verdict.accepted, t1 - t0, verify_s, shadow, verify_rows, None if tree is None else path
+                offered,
+                verdict.accepted,
+                t1 - t0,
+                verify_s,
+                shadow,
+                verify_rows,
+                None if tree is None else path,
+                timed=prompt_rows == 0,
             )
             if request.finish_reason is None:
                 target.rollback(len(context) - 1)

@@ -51,13 +51,17 @@ pass, and the tokens they are expected to commit in it), a round of k drafts is 
 batch: it yields ``(S + E(k)) / (S + 1)`` times the batch's plain tokens for
 ``(d(k) + r(R + 1 + k)) / r(R + 1)`` of its plain passes, R and S the others' rows and tokens,
 so k shrinks as load grows and drafting stops where it would lower the batch's throughput.
-Alone (R = S = 0) this is the formula above. Verify timings then count for the pass's rows.
+Alone (R = S = 0) this is the formula above. Verify timings then count for the pass's rows,
+except a pass that also read other requests' prompt chunks (rows of another kind, whose time
+says little of a verify row's). Where no k could pay even if every draft were accepted
+(``load_allows_drafting``), a shadowing planner does not ask the drafter at all.
 
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
 output distribution, is untouched.
 
 Costs: ``CostModel`` keeps r(m) as a line in m (a plain step plus a slope per row, both
-following the newest timings) and the drafting time as a running mean, per token or, for
+following the newest timings) times a calibrated shape per size (the native kernels' row
+tiles) and the drafting time as a running mean, per token or, for
 a pure drafter, per proposal: a lookup or suffix proposal costs its index reads whatever
 the k it is cut to, and priced per offered token it read as 1 to 8 times dearer from round
 to round (whether suffix shadowed flipped from request to request). An engine keeps one per
@@ -99,6 +103,8 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from verispec import rounds
 from verispec.tree_sizing import BranchCalibration, TreeChoice, best_nodes, depths, node_chances, tree_outcome
 
@@ -112,6 +118,11 @@ COST_EMA = 0.25  # weight of the newest plain step's timing in r(1), and of draf
 ROW_FORGET = 0.9
 CALIBRATION_WEIGHT = 16.0  # a calibrated slope counts as much as one drafted round of k = 4
 CLIP = 2.0  # a timing counts at most CLIP times, at least 1 / CLIP of its prediction
+# A calibrated size's shape counts only beyond this many times the calibration's timing noise
+# (``timing_noise``), and by what exceeds it: a shape factor is never taken back by later
+# timings, so one that noise made (a size timed 25% cheap on a noisy simulated clock, 3 repeats
+# with sigma 0.15: ``tests/bench/test_replay.py``) would misprice that size for good.
+SHAPE_NOISE = 3.0
 PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
 # Draft only when the predicted speed-up clears plain decoding by this factor: the margin
 # absorbs estimation noise, and it bounds the rounds an always-wrong drafter gets even when
@@ -185,6 +196,13 @@ REQUEST_FORGET = 0.97
 STAY_GAIN = 1.01
 
 
+def timing_noise(repeats: Mapping[int, Sequence[float]]) -> float:
+    """How far a calibration's fastest timing of a size may be off, relative: over the sizes
+    timed more than once, the median of the second fastest timing over the fastest, less 1."""
+    gaps = [b / a - 1.0 for a, b in (sorted(ts)[:2] for ts in repeats.values() if len(ts) > 1) if a > 0]
+    return float(np.median(gaps)) if gaps else 0.0
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Where a probing governor's back-off stood when its request ended: ``length``, the
@@ -222,6 +240,18 @@ class CostModel:
 
     Each timing counts clipped to [1/CLIP, CLIP] times its prediction: one stalled pass (a
     collection, another process) moves the estimates a bounded step.
+
+    ``shape``: per number of rows timed by the calibration, its time over the line fitted to
+    the calibration (1 where not timed, or within the timings' noise of the line). r(m) is the
+    line times it, and each timing is divided by it before it refines the line (a plain step's
+    too). The native kernels' cost is not a line in rows: they run
+    rows in tiles (4, then 3 + 2, ...), and a row that opens a tile costs more than one that
+    fills it. On 2 Zen 2 cores at 400 tokens of context the 5th row added 2.4 ms, the 6th 1.3,
+    the 8th 1.1, the 9th 2.9 and the 17th 4.7 (a 1-row pass: 4.7 ms); the line's slope was
+    1.7. Beside 3 other requests' rows a draft was thus priced at 1.18 of their plain pass for
+    1.25, and beside 15 at 1.06 for 1.15. The calibration times every size at one moment, so
+    the shape holds ratios between sizes only; what moves with the context and the machine is
+    still learned as one line by every size, as above.
     """
 
     step_seconds: float = 0.0  # r(1); 0 until measured
@@ -235,6 +265,7 @@ class CostModel:
     # What a drafter with state of its own adds to a drafted round that follows a plain one
     # (catching up on the positions it missed); never for a pure drafter, which has none.
     catch_up_seconds: float = 0.0
+    shape: dict[int, float] = field(default_factory=dict)  # rows -> r(rows) / the line, as calibrated
 
     @classmethod
     def line(
@@ -251,18 +282,42 @@ class CostModel:
 
     @classmethod
     def from_timings(
-        cls, verify_seconds: dict[int, float], draft: float = 0.0, per_proposal: bool = False, catch_up: float = 0.0
+        cls,
+        verify_seconds: dict[int, float],
+        draft: float = 0.0,
+        per_proposal: bool = False,
+        catch_up: float = 0.0,
+        noise: float = 0.0,
     ) -> CostModel:
-        """From verify times by number of rows (a calibration): r(1) and the least-squares
-        slope through the other sizes, never below zero; no slope evidence from one size."""
+        """From verify times by number of rows (a calibration): the least-squares line through
+        them (no slope evidence from one size: r(1) alone; rows that "saved" time: the plain
+        step, flat), and each size's time over that line as its ``shape``, less SHAPE_NOISE
+        times the timings' relative ``noise`` (``timing_noise``): a size within that of the
+        line is priced on it. At the calibration r(m) is thus each size's timing, up to the
+        noise."""
         if 1 not in verify_seconds:
             raise ValueError("the governor needs at least a plain step's time (calibrate first)")
+        if any(m < 1 or seconds <= 0 for m, seconds in verify_seconds.items()):
+            raise ValueError(f"verify times are of 1 row or more and positive, got {verify_seconds}")
         step = verify_seconds[1]
         xx = sum((m - 1) ** 2 for m in verify_seconds)
         xy = sum((m - 1) * (seconds - step) for m, seconds in verify_seconds.items())
         if xx == 0:
             return cls(step)._drafting(draft, per_proposal, catch_up)
-        return cls.line(step, max(0.0, xy / xx), draft, per_proposal, catch_up)
+        # The line fitted to every size, r(1) included: one size's noise moves every size's
+        # factor a little, not by all of it (as a line pinned to the plain step's timing would).
+        sizes = sorted(verify_seconds)
+        times = [verify_seconds[m] for m in sizes]
+        per_row, at_one = (float(v) for v in np.polyfit(np.array(sizes, dtype=float) - 1.0, times, 1))
+        if per_row < 0 or at_one <= 0:  # rows that "saved" time: the line through r(1), flat
+            return cls.line(step, max(0.0, xy / xx), draft, per_proposal, catch_up)
+        model = cls.line(at_one, per_row, draft, per_proposal, catch_up)
+        margin = SHAPE_NOISE * noise
+        for m, seconds in zip(sizes, times, strict=True):
+            off = seconds / model.verify(m) - 1.0
+            if abs(off) > margin:
+                model.shape[m] = 1.0 + math.copysign(abs(off) - margin, off)
+        return model
 
     def _drafting(self, seconds: float, per_proposal: bool, catch_up: float = 0.0) -> CostModel:
         if per_proposal and catch_up:
@@ -289,14 +344,22 @@ class CostModel:
         return max(0.0, self.row_xy / self.row_xx) if self.row_xx > 0 else 0.0
 
     def verify(self, rows: int) -> float:
-        """r(rows), seconds."""
+        """r(rows), seconds: the line, times the calibrated shape where this size was timed."""
         if not self.known:
             raise ValueError("no verify time measured yet")
-        return self.step_seconds + self.per_row * (rows - 1)
+        return (self.step_seconds + self.per_row * (rows - 1)) * self.shape.get(rows, 1.0)
+
+    def verify_rows(self, first: int, count: int) -> list[float]:
+        """r(first), r(first + 1), ... : ``count`` sizes, as ``verify`` gives each."""
+        if not self.known:
+            raise ValueError("no verify time measured yet")
+        step, per_row, shape = self.step_seconds, self.per_row, self.shape
+        return [(step + per_row * (m - 1)) * shape.get(m, 1.0) for m in range(first, first + count)]
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        predicted = self.verify(rows)
-        seconds = min(max(seconds, predicted / CLIP), predicted * CLIP)
+        shape = self.shape.get(rows, 1.0)
+        predicted = self.verify(rows) / shape  # the line's
+        seconds = min(max(seconds / shape, predicted / CLIP), predicted * CLIP)
         if rows == 1:
             self.step_seconds += COST_EMA * (seconds - self.step_seconds)
         else:
@@ -489,13 +552,40 @@ class Governor:
             return best
         load = self.load
         plain = self.costs.verify(load.rows + 1)
-        for k in range(1, self.k_max + 1):
-            cost = max(1.0, self._round_seconds(k) / plain)
-            gain = (load.tokens + rounds.expected_tokens_positional(estimates.expected(k))) / (load.tokens + 1.0)
-            speed = gain / cost
+        tokens = rounds.expected_tokens_by_k(estimates.expected(self.k_max))
+        for k, seconds in enumerate(self._round_seconds_by_k(), start=1):
+            cost = max(1.0, seconds / plain)
+            speed = (load.tokens + tokens[k]) / (load.tokens + 1.0) / cost
             if speed > best.predicted_speedup:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= floor else Decision(0, 1.0)
+
+    def load_allows_drafting(self) -> bool:
+        """Whether some k could pay beside the load were every draft accepted (it yields
+        ``(S + 1 + k) / (S + 1)`` of the batch's plain tokens then). Where none could, what a
+        proposal says cannot make the round draft: a shadowing planner does not ask for it.
+        Beside 15 other requests' rows on 2 Zen 2 cores (a 17th row costs 0.15 of the pass)
+        no k pays, and the 16 proposals of each pass were 2-3% of its time."""
+        load = self.load
+        if load.rows == 0:
+            return self.k_max > 0
+        plain = self.costs.verify(load.rows + 1)
+        for k, seconds in enumerate(self._round_seconds_by_k(), start=1):
+            if (load.tokens + 1.0 + k) / (load.tokens + 1.0) >= MIN_GAIN * max(1.0, seconds / plain):
+                return True
+        return False
+
+    def _round_seconds_by_k(self) -> list[float]:
+        """``_round_seconds(k)`` for k = 1..k_max, the costs' line read once (every round of a
+        governed request asks for them: ~25 us a round as eight separate reads)."""
+        costs = self.costs
+        if self.shadow:
+            drafting = [k * costs.draft_seconds_per_token for k in range(1, self.k_max + 1)]
+        else:
+            after_plain = not (self.proposed_last or self.remembered)
+            drafting = [costs.draft_seconds(k, after_plain) for k in range(1, self.k_max + 1)]
+        verify = costs.verify_rows(self.load.rows + 2, self.k_max)
+        return [d + v for d, v in zip(drafting, verify, strict=True)]
 
     def _round_seconds(self, k: int, rows: int | None = None) -> float:
         """A round of k drafts in this batch. ``best`` decides after a plain round only at a
@@ -600,6 +690,7 @@ class Governor:
         first_chance: float | None = None,
         proposed: bool | None = None,
         drafted: int | None = None,
+        timed: bool = True,
     ) -> None:
         """What a round that verified the nodes ``offered`` of the proposed tree ``parents``
         did: ``path`` its accepted nodes, root to leaf (in the tree's numbering). Each position
@@ -609,7 +700,7 @@ class Governor:
         as a shadow draft's) stands in, and deeper such positions are left to drift. Each
         branching with later children on offer and the first child not taken updates the
         later-child scale. ``drafted``: the positions the drafter ran for the tree, where it
-        is priced per drafted token (default: the nodes offered)."""
+        is priced per drafted token (default: the nodes offered); ``timed``: as for ``observe``."""
         outcome = tree_outcome(parents, frequencies, path, offered)
         estimates = self.estimates(self.current)
         for i, hit in enumerate(outcome.first_hits):
@@ -620,7 +711,7 @@ class Governor:
         estimates.drift(len(outcome.first_hits))
         for share, taken in outcome.later_offers:
             self.branching.observe(share, taken)
-        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows, proposed, drafted)
+        self._observe_costs(len(offered), draft_seconds, verify_seconds, rows, proposed, drafted, timed)
 
     def _observe_costs(
         self,
@@ -630,11 +721,13 @@ class Governor:
         rows: int | None,
         proposed: bool | None,
         drafted: int | None = None,
+        timed: bool = True,
     ) -> None:
         after_plain = not self.proposed_last
         self.proposed_last = proposed if proposed is not None else offered > 0
         if self.adapt_costs:
-            self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
+            if timed:
+                self.costs.observe_verify(offered + 1 if rows is None else rows, verify_seconds)
             self.costs.observe_draft(offered if drafted is None else drafted, draft_seconds, proposed, after_plain)
 
     def probe_extra_steps(self) -> float:
@@ -658,11 +751,14 @@ class Governor:
         verify_seconds: float,
         rows: int | None = None,
         proposed: bool | None = None,
+        timed: bool = True,
     ) -> None:
         """What the round did: drafts offered (from the source ``next_k`` was given), the
         accepted prefix, and its timings; ``rows``: of the verify pass, where other requests
         shared it (default: the round's own, offered + 1); ``proposed``: whether the drafter
-        was asked (default: it offered something; a shadowing plain round asked it too)."""
+        was asked (default: it offered something; a shadowing plain round asked it too);
+        ``timed`` False: the pass's time says nothing of its rows' cost (it also read other
+        requests' prompt chunks, rows of another kind), so only the drafting time counts."""
         if self.last_was_probe and offered == 0:
             # The drafter had nothing to offer: a plain step that examined nothing. The
             # probe is still due, and the back-off must not grow on no evidence.
@@ -679,7 +775,7 @@ class Governor:
         for i in range(min(accepted + 1, offered)):
             estimates.update(i, 1.0 if i < accepted else 0.0, weight)
         estimates.drift(min(accepted + 1, offered))
-        self._observe_costs(offered, draft_seconds, verify_seconds, rows, proposed)
+        self._observe_costs(offered, draft_seconds, verify_seconds, rows, proposed, timed=timed)
 
     def schedule(self) -> Backoff | None:
         """The back-off this request is in (for the next request of the drafter), or None

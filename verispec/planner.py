@@ -48,6 +48,7 @@ from verispec.governor import (
     Decision,
     Governor,
     Load,
+    timing_noise,
 )
 from verispec.sampling import SamplingParams, final_distributions, final_rows, final_tokens
 from verispec.stats import RequestStats
@@ -57,9 +58,13 @@ from verispec.tree_sizing import BranchCalibration
 AUTO = "auto"
 DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
 CALIBRATION_REPEATS = 5  # timed verify passes per row count (and proposals) when calibrating costs
+# ... and per row count beside other requests (a batching engine's up to ~25 rows: 1.4 s of
+# passes each time through them, paid by the first request of each drafter)
+BATCH_CALIBRATION_REPEATS = 3
 
-# Calibrates a drafter's costs for rounds of up to the given number of drafts.
-Calibrate = Callable[[int], CostModel]
+# Calibrates a drafter's costs for rounds of up to the given number of drafts, timing verify
+# passes of up to the given number of rows.
+Calibrate = Callable[[int, int], CostModel]
 # The probability that the rule accepts a draft's first token at a round's first position.
 ShadowAcceptance = Callable[[Draft], float]
 
@@ -114,6 +119,13 @@ class RequestPlanner:
             # k counts nodes: a drafter that offers several candidates a position drafts the
             # positions its first k nodes need.
             plan = Plan(k, prefix(drafted(drafter, context, -(-k // width), rng, width > 1), k))
+        elif governor.shadow and not governor.load_allows_drafting():
+            # Beside the other requests' rows no k pays: whatever the drafter proposed, the
+            # round would not draft, and its shadow would only refine an estimate unused here.
+            governor.plain_by_governor += 1
+            self.stats.observe_choice(0, False, governed=True)
+            self.stats.governor_plain_by_load += 1
+            plan = Plan(0, NO_DRAFT)
         elif governor.shadow and not self._shadow_due(governor):
             # Plain, and a shadow now would cost more than SHADOW_MAX_COST of the plain steps:
             # a plain round that does not ask the drafter.
@@ -190,13 +202,15 @@ class RequestPlanner:
         shadow_acceptance: ShadowAcceptance | None = None,
         verify_rows: int | None = None,
         path: Sequence[int] | None = None,
+        timed: bool = True,
     ) -> None:
         """What the planned round did: the drafts verified, the prefix the rule accepted (its
         own verdict, not the committed count: a stop inside the kept prefix says nothing about
         the drafter), the timings, and, needed when the plan had a shadow draft, how likely the
         rule would have accepted a draft's first token at the round's first position;
         ``verify_rows``: the rows of a verify pass shared with other requests; ``path``: where
-        the round verified the planned tree, its accepted nodes (``offered`` is then its depth)."""
+        the round verified the planned tree, its accepted nodes (``offered`` is then its depth);
+        ``timed`` False: the pass's time does not price its rows (it read prompt chunks too)."""
         governor = self.governor
         if governor is None:
             return
@@ -219,9 +233,10 @@ class RequestPlanner:
                 chance,
                 self._proposed,
                 drafted,
+                timed,
             )
         else:
-            governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows, self._proposed)
+            governor.observe(offered, accepted, draft_seconds, verify_seconds, verify_rows, self._proposed, timed)
         if self._shadow.tokens:
             if shadow_acceptance is None:
                 raise ValueError("a round with a shadow draft needs its acceptance at the first position")
@@ -238,7 +253,12 @@ class Planner:
 
     def __init__(self, shadows: bool = True) -> None:
         self.shadows = shadows
+        # The most requests one forward pass holds (a batching scheduler sets it): the
+        # calibration times passes of their rows plus a round's drafts, the sizes a governor
+        # prices beside the others (``CostModel.shape``).
+        self.batch_rows = 1
         self.calibrated: dict[str, CostModel] = {}
+        self.calibrated_rows: dict[str, int] = {}  # the most rows each calibration was asked to time
         self.live: dict[str, CostModel] = {}
         self.acceptance: dict[str, AcceptanceMemory] = {}
         self.branching: dict[str, BranchCalibration] = {}  # trees' later-child scale, carried
@@ -261,9 +281,16 @@ class Planner:
             k = 0  # plain decoding: nothing to govern (its rounds skip the governor's ~50 us)
         limit = k_max if k == AUTO else int(k)
         calibrated = self.calibrated.get(name)
-        # The line through the calibration extrapolates to any k, but needs two sizes.
-        if calibrated is None or (limit > 0 and not calibrated.has_slope):
-            calibrated = self.calibrated[name] = calibrate(limit)
+        rows = limit + (self.batch_rows if k == AUTO and limit > 0 else 1)
+        # The line through the calibration extrapolates to any k, but needs two sizes; a
+        # governor of batched rounds also needs the sizes beside the other requests timed.
+        if (
+            calibrated is None
+            or (limit > 0 and not calibrated.has_slope)
+            or (self.batch_rows > 1 and self.calibrated_rows.get(name, 0) < rows)
+        ):
+            calibrated = self.calibrated[name] = calibrate(limit, rows)
+            self.calibrated_rows[name] = rows
             self.live[name] = copy.deepcopy(calibrated)
         live = self.live[name]
         stats.reference_step_seconds = live.verify(1)
@@ -301,9 +328,10 @@ def calibrate(
     prompt_tokens: int,
     params: SamplingParams,
     k_max: int,
+    rows: int | None = None,
 ) -> CostModel:
-    """Time verify passes of 1..k_max + 1 rows on the pending token (``context[-1]``, not yet
-    in the target's cache), and the drafter's proposals (per token, or per proposal for a
+    """Time verify passes of 1..``rows`` rows (default k_max + 1) on the pending token
+    (``context[-1]``, not yet in the target's cache), and the drafter's proposals (per token, or per proposal for a
     pure drafter, whose proposal costs the same whatever k; for a drafter that reads the
     target's states, also its catch-up after plain rounds); the cache is left as it was.
     Called right after the request's prefill and ``drafter.begin``.
@@ -319,27 +347,33 @@ def calibrate(
     draft: list[tuple[float, int]] = []  # (seconds, tokens offered) of warm proposals
     # Before any verify pass: the catch-up is timed from the prefill's states.
     catch_up = _catch_up_seconds(drafter, context, prompt, params, k, scratch, draft) if k > 0 else 0.0
-    timings: dict[int, float] = {}
+    timings: dict[int, list[float]] = {}
     pending = len(context) - 1
-    rows_up_to = min(k_max + 1, target.context_length - pending)
-    for _ in range(CALIBRATION_REPEATS):
-        for rows in range(1, rows_up_to + 1):
-            drafts = [context[-1]] * (rows - 1)
-            # A whole round's decide path: forward pass, final distributions, the rule.
-            start = time.perf_counter()
-            logits = target.verify([context[-1], *drafts])
-            chain_verdict(logits, params, prompt, generated, drafts, None, scratch.random(2 * rows - 1))
-            timings[rows] = min(timings.get(rows, float("inf")), time.perf_counter() - start)
-            target.rollback(pending)
-        if k > 0:
-            draft.append(_timed_proposal(drafter, context, k, scratch))
+    rows_up_to = min(k_max + 1 if rows is None else rows, target.context_length - pending)
+    # A round's own sizes first, then those beside other requests on their own: passes of 20
+    # rows and more wrote enough (their logits, ~5 MB) to push the KV cache out, and timed in
+    # turn with them a 2-row pass took 8 ms instead of 6.5.
+    own = min(k_max + 1, rows_up_to)
+    for sizes in (range(1, own + 1), range(own + 1, rows_up_to + 1)):
+        for _ in range(CALIBRATION_REPEATS if sizes.start == 1 else BATCH_CALIBRATION_REPEATS):
+            for size in sizes:
+                drafts = [context[-1]] * (size - 1)
+                # A whole round's decide path: forward pass, final distributions, the rule.
+                start = time.perf_counter()
+                logits = target.verify([context[-1], *drafts])
+                chain_verdict(logits, params, prompt, generated, drafts, None, scratch.random(2 * size - 1))
+                timings.setdefault(size, []).append(time.perf_counter() - start)
+                target.rollback(pending)
+            if k > 0 and sizes.start == 1:
+                draft.append(_timed_proposal(drafter, context, k, scratch))
+    fastest_rows, noise = {size: min(ts) for size, ts in timings.items()}, timing_noise(timings)
     if not draft:
-        return CostModel.from_timings(timings)
+        return CostModel.from_timings(fastest_rows, noise=noise)
     fastest, offered = min(draft)
     if drafter.pure_proposals:
-        return CostModel.from_timings(timings, fastest, True)
+        return CostModel.from_timings(fastest_rows, fastest, True, noise=noise)
     per_token = fastest / offered if offered else 0.0
-    return CostModel.from_timings(timings, per_token, False, max(0.0, catch_up - offered * per_token))
+    return CostModel.from_timings(fastest_rows, per_token, False, max(0.0, catch_up - offered * per_token), noise)
 
 
 def _timed_proposal(

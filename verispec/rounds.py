@@ -86,6 +86,17 @@ def expected_tokens_positional(acceptance_by_position: Sequence[float]) -> float
     return total
 
 
+def expected_tokens_by_k(acceptance_by_position: Sequence[float]) -> list[float]:
+    """``expected_tokens_positional`` of every prefix: E for k = 0, 1, ..., len (same sums)."""
+    total, reach, by_k = 1.0, 1.0, [1.0]
+    for a in acceptance_by_position:
+        _check_probability(a)
+        reach *= a
+        total += reach
+        by_k.append(total)
+    return by_k
+
+
 def round_cost_steps(k: int, draft_cost: float, verify_cost: float) -> float:
     """Cost of one round in plain target steps: k drafts at ``draft_cost`` plus one verify."""
     return k * draft_cost + verify_cost

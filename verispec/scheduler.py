@@ -105,6 +105,8 @@ class Scheduler:
         self.max_running = min(max_running, len(sequences))
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
+        if self.batched:  # the governors price rows beside up to max_running requests
+            engine.planner.batch_rows = max(engine.planner.batch_rows, self.max_running)
         self._sequences = sequences[: self.max_running]
         self._free = list(self._sequences)
         self._scopes: dict[int, str | None] = {}  # sequence index -> scope of its last request
@@ -258,7 +260,7 @@ class Scheduler:
                 # tokens. Prefill chunks are left out: they come and go, and drafts priced as
                 # cheap beside a long prompt's chunk would stay in the passes after it.
                 running.request.load = Load(verify_rows - len(ids), verify_tokens - running.tokens_per_pass)
-                self._advance(running, (out, seconds, rows, len(plan) - 1))
+                self._advance(running, (out, seconds, rows, len(plan) - 1, rows - verify_rows))
             else:
                 # A prompt read to its end starts its rounds beside this pass's requests.
                 running.request.load = Load(verify_rows, verify_tokens)
@@ -286,7 +288,7 @@ class Scheduler:
         assert isinstance(work, Verify)
         logits = target.verify(work.ids)
         seconds = time.perf_counter() - start
-        self._advance(running, (logits, seconds, len(work.ids), 0))
+        self._advance(running, (logits, seconds, len(work.ids), 0, 0))
         return StepReport(1, len(work.ids), seconds)
 
     def _prefilled(self, running: Running, tokens: int, seconds: float) -> None:

@@ -44,8 +44,11 @@ class RequestStats:
     # drafter for a shadow draft (scored against the target's row, never verified), and the
     # acceptance at draft position 1 it started from (carried over from the engine's earlier
     # requests with this drafter; None: the prior, as for a first or reproducible request).
+    # ``governor_plain_by_load``: plain rounds that did not ask the drafter because beside the
+    # other requests of the pass no k could pay even if every draft were accepted.
     k_chosen_histogram: dict[int, int] = field(default_factory=dict)
     governor_plain_rounds: int = 0
+    governor_plain_by_load: int = 0
     governor_probes: int = 0
     governor_shadow_drafts: int = 0
     governor_start_acceptance: float | None = None
@@ -245,6 +248,7 @@ class RequestStats:
             "plain_rounds": self.plain_rounds,
             "k_chosen_histogram": {str(k): n for k, n in sorted(self.k_chosen_histogram.items())},
             "governor_plain_rounds": self.governor_plain_rounds,
+            "governor_plain_by_load": self.governor_plain_by_load,
             "governor_probes": self.governor_probes,
             "governor_shadow_drafts": self.governor_shadow_drafts,
             "governor_start_acceptance": self.governor_start_acceptance,
@@ -282,6 +286,7 @@ _SUMMED = (
     "prompt_tokens",
     "cached_prompt_tokens",
     "governor_plain_rounds",
+    "governor_plain_by_load",
     "governor_probes",
     "governor_shadow_drafts",
     "pass_requests",

@@ -71,6 +71,12 @@ def test_expected_tokens_per_round():
     a, k = 0.73, 6
     assert rounds.expected_tokens_positional([a] * k) == pytest.approx(rounds.expected_tokens_per_round(a, k))
     assert rounds.expected_tokens_positional([0.9, 0.5, 0.0, 1.0]) == pytest.approx(1 + 0.9 + 0.45)
+    a_by_position = [0.9, 0.5, 0.3, 1.0, 0.7]
+    by_k = rounds.expected_tokens_by_k(a_by_position)  # every prefix, the same sums bit for bit
+    assert by_k == [rounds.expected_tokens_positional(a_by_position[:k]) for k in range(6)]
+    assert rounds.expected_tokens_by_k([]) == [1.0]
+    with pytest.raises(ValueError):
+        rounds.expected_tokens_by_k([0.5, 1.5])
     with pytest.raises(ValueError):
         rounds.expected_tokens_per_round(1.2, 3)
     with pytest.raises(ValueError):

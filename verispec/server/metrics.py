@@ -95,6 +95,11 @@ class Metrics:
         self.governor_probes = Counter(
             "verispec_governor_probes", "rounds the governor drafted to re-probe after a plain back-off", registry=r
         )
+        self.governor_plain_by_load = Counter(
+            "verispec_governor_plain_by_load",
+            "plain rounds decided without a proposal: beside the batch's other rows no k could pay",
+            registry=r,
+        )
         self.governor_shadow_drafts = Counter(
             "verispec_governor_shadow_drafts",
             "plain rounds whose drafter's proposal was scored against the target, not verified",
@@ -165,6 +170,7 @@ class Metrics:
             self.k_chosen.labels(k=str(k)).inc(count)
         self.governor_probes.inc(stats.governor_probes)
         self.governor_shadow_drafts.inc(stats.governor_shadow_drafts)
+        self.governor_plain_by_load.inc(stats.governor_plain_by_load)
         if stats.cost_steps is not None:
             self.cost_steps.observe(stats.cost_steps)
 
