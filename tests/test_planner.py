@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from tests.engine.prices import MEASURED_ROWS
 from verispec.accept import accept_chain
 from verispec.accept_tree import accept_tree
 from verispec.drafters.base import Draft
@@ -23,11 +22,9 @@ class Calibration:
 
     def __init__(self) -> None:
         self.calls: list[int] = []
-        self.rows: list[int] = []
 
-    def __call__(self, k_max: int, rows: int) -> CostModel:
+    def __call__(self, k_max: int) -> CostModel:
         self.calls.append(k_max)
-        self.rows.append(rows)
         return CostModel.line(0.01, 0.001)
 
 
@@ -85,39 +82,25 @@ def test_costs_are_calibrated_once_per_drafter_and_learned_after_each_request():
     assert calibration.calls == [] and second.stats.governor_start_acceptance == 0.0
 
 
-def test_a_batching_engine_calibrates_the_sizes_its_governors_price_beside_other_requests():
-    planner = Planner()
-    _, calibration = _begun(planner, WrongDrafter(7), [1, 2, 3], k=AUTO, k_max=5)
-    assert calibration.rows == [6]  # 1..k_max + 1 rows
-    planner.batch_rows = 16  # a scheduler of 16 requests: 15 others' rows, then 1 + 5 of its own
-    _, calibration = _begun(planner, WrongDrafter(7), [1, 2, 3], k=AUTO, k_max=5)
-    assert calibration.rows == [21]
-    _, calibration = _begun(planner, WrongDrafter(7), [1, 2, 3], k=AUTO, k_max=5)
-    assert calibration.rows == []  # once
-    _, calibration = _begun(planner, LookupDrafter(), [1, 2, 3], k=2)  # no governor: no batch sizes
-    assert calibration.rows == [3]
-
-
 def test_beside_a_load_where_no_k_pays_a_shadowing_planner_asks_no_proposal():
-    """Rows as the native kernels cost them beside 15 other requests (a 17th row: 0.12 of the
-    pass): even drafts all accepted (16 + k tokens for the batch's 16) do not pay them, so no
-    proposal is asked for and the round is counted as plain by load; alone, the same request
-    proposes and drafts."""
+    """Rows at 2.3 ms beyond a 4.7 ms plain step (16 streams served at once got a piece every
+    ~37 ms on 2 Zen 2 cores): beside 15 other requests even drafts all accepted (16 + k tokens for the
+    batch's 16) do not pay them, so no proposal is asked for and the round is counted as plain
+    by load; alone, the same request asks the drafter again."""
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
     drafter = PricedLookup()
     drafter.begin(prompt, SamplingParams())
-    timings = MEASURED_ROWS
-    request = Planner().begin(drafter, RequestStats(), lambda k_max, rows: CostModel.from_timings(timings))
+    request = Planner().begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.0047, 0.0023))
     assert request.governor.shadow
     crowded = Load(rows=15, tokens=15.0)
     for _ in range(5):
         plan = request.plan(prompt, 50, RNG, crowded)
         assert plan.k == 0 and not plan.shadow.tokens
-        request.observe(0, 0, 0.0, timings[16], verify_rows=16)
+        request.observe(0, 0, 0.0, 0.0047 + 15 * 0.0023, verify_rows=16)
     assert drafter.proposals == 0
     assert request.stats.governor_plain_by_load == 5 == request.stats.governor_plain_rounds
-    plan = request.plan(prompt, 50, RNG)  # alone: a four-token repeat
-    assert drafter.proposals == 1 and plan.k > 0 and plan.draft.tokens[0] == 4
+    plan = request.plan(prompt, 50, RNG)  # alone the drafter is asked again: a four-token repeat
+    assert drafter.proposals == 1 and (plan.draft.tokens or plan.shadow.tokens)[0] == 4
     assert request.stats.governor_plain_by_load == 5
 
 
@@ -179,7 +162,7 @@ def _tree_request(per_row: float, planner: Planner | None = None):
     drafter.begin([1, 2, 3], SamplingParams())
     planner = planner or Planner()
     planner.branching.setdefault("tree", BranchCalibration(taken=8.0, predicted=7.0))
-    return planner.begin(drafter, RequestStats(), lambda k_max, rows: CostModel.line(0.01, per_row))
+    return planner.begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.01, per_row))
 
 
 def test_a_governor_verifies_the_alternatives_of_a_tree_only_where_their_rows_pay():
@@ -310,7 +293,7 @@ class BranchingDrafter(TreeDrafter):
 def _branching_request(per_row: float):
     """A request of BranchingDrafter's: a drafted position costs 0.2 of a plain step."""
     drafter = BranchingDrafter()
-    request = Planner().begin(drafter, RequestStats(), lambda k_max, rows: CostModel.line(0.01, per_row, draft=0.002))
+    request = Planner().begin(drafter, RequestStats(), lambda k_max: CostModel.line(0.01, per_row, draft=0.002))
     return request, drafter
 
 
@@ -335,7 +318,7 @@ def test_a_probing_governor_prices_a_trees_alternatives_as_rows_of_one_drafted_p
     plan = probing.plan([1, 2, 3], 50, RNG)
     assert drafter.asked == [("chain", 2)] and not plan.draft.is_tree and plan.draft.tokens == [10, 11]
     # A fixed k counts nodes: 4 take two drafted positions (10, 20, 30, then 11).
-    fixed = Planner().begin(BranchingDrafter(), RequestStats(), lambda k_max, rows: CostModel.line(0.01, 0.001), k=4)
+    fixed = Planner().begin(BranchingDrafter(), RequestStats(), lambda k_max: CostModel.line(0.01, 0.001), k=4)
     plan = fixed.plan([1, 2, 3], 50, RNG)
     assert fixed.drafter.asked == [("tree", 2)] and plan.draft.tokens == [10, 20, 30, 11]
     assert plan.draft.parents == [-1, -1, -1, 0]

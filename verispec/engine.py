@@ -366,7 +366,7 @@ class Engine:
         planner = request.planner = self.planner.begin(
             drafter,
             stats,
-            lambda k_max, rows: calibrate(target, drafter, context, len(prompt), params, k_max, rows),
+            lambda k_max: calibrate(target, drafter, context, len(prompt), params, k_max),
             request.k,
             request.k_max,
             # A seeded sampled request must get the same k schedule every time.

@@ -60,8 +60,7 @@ The governor only decides how many tokens are drafted. The acceptance rule, and 
 output distribution, is untouched.
 
 Costs: ``CostModel`` keeps r(m) as a line in m (a plain step plus a slope per row, both
-following the newest timings) times a calibrated shape per size (the native kernels' row
-tiles) and the drafting time as a running mean, per token or, for
+following the newest timings) and the drafting time as a running mean, per token or, for
 a pure drafter, per proposal: a lookup or suffix proposal costs its index reads whatever
 the k it is cut to, and priced per offered token it read as 1 to 8 times dearer from round
 to round (whether suffix shadowed flipped from request to request). An engine keeps one per
@@ -103,8 +102,6 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from verispec import rounds
 from verispec.tree_sizing import BranchCalibration, TreeChoice, best_nodes, depths, node_chances, tree_outcome
 
@@ -118,11 +115,6 @@ COST_EMA = 0.25  # weight of the newest plain step's timing in r(1), and of draf
 ROW_FORGET = 0.9
 CALIBRATION_WEIGHT = 16.0  # a calibrated slope counts as much as one drafted round of k = 4
 CLIP = 2.0  # a timing counts at most CLIP times, at least 1 / CLIP of its prediction
-# A calibrated size's shape counts only beyond this many times the calibration's timing noise
-# (``timing_noise``), and by what exceeds it: a shape factor is never taken back by later
-# timings, so one that noise made (a size timed 25% cheap on a noisy simulated clock, 3 repeats
-# with sigma 0.15: ``tests/bench/test_replay.py``) would misprice that size for good.
-SHAPE_NOISE = 3.0
 PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
 # Draft only when the predicted speed-up clears plain decoding by this factor: the margin
 # absorbs estimation noise, and it bounds the rounds an always-wrong drafter gets even when
@@ -196,13 +188,6 @@ REQUEST_FORGET = 0.97
 STAY_GAIN = 1.01
 
 
-def timing_noise(repeats: Mapping[int, Sequence[float]]) -> float:
-    """How far a calibration's fastest timing of a size may be off, relative: over the sizes
-    timed more than once, the median of the second fastest timing over the fastest, less 1."""
-    gaps = [b / a - 1.0 for a, b in (sorted(ts)[:2] for ts in repeats.values() if len(ts) > 1) if a > 0]
-    return float(np.median(gaps)) if gaps else 0.0
-
-
 @dataclass(frozen=True)
 class Backoff:
     """Where a probing governor's back-off stood when its request ended: ``length``, the
@@ -241,17 +226,6 @@ class CostModel:
     Each timing counts clipped to [1/CLIP, CLIP] times its prediction: one stalled pass (a
     collection, another process) moves the estimates a bounded step.
 
-    ``shape``: per number of rows timed by the calibration, its time over the line fitted to
-    the calibration (1 where not timed, or within the timings' noise of the line). r(m) is the
-    line times it, and each timing is divided by it before it refines the line (a plain step's
-    too). The native kernels' cost is not a line in rows: they run
-    rows in tiles (4, then 3 + 2, ...), and a row that opens a tile costs more than one that
-    fills it. On 2 Zen 2 cores at 400 tokens of context the 5th row added 2.4 ms, the 6th 1.3,
-    the 8th 1.1, the 9th 2.9 and the 17th 4.7 (a 1-row pass: 4.7 ms); the line's slope was
-    1.7. Beside 3 other requests' rows a draft was thus priced at 1.18 of their plain pass for
-    1.25, and beside 15 at 1.06 for 1.15. The calibration times every size at one moment, so
-    the shape holds ratios between sizes only; what moves with the context and the machine is
-    still learned as one line by every size, as above.
     """
 
     step_seconds: float = 0.0  # r(1); 0 until measured
@@ -265,7 +239,6 @@ class CostModel:
     # What a drafter with state of its own adds to a drafted round that follows a plain one
     # (catching up on the positions it missed); never for a pure drafter, which has none.
     catch_up_seconds: float = 0.0
-    shape: dict[int, float] = field(default_factory=dict)  # rows -> r(rows) / the line, as calibrated
 
     @classmethod
     def line(
@@ -282,42 +255,18 @@ class CostModel:
 
     @classmethod
     def from_timings(
-        cls,
-        verify_seconds: dict[int, float],
-        draft: float = 0.0,
-        per_proposal: bool = False,
-        catch_up: float = 0.0,
-        noise: float = 0.0,
+        cls, verify_seconds: dict[int, float], draft: float = 0.0, per_proposal: bool = False, catch_up: float = 0.0
     ) -> CostModel:
-        """From verify times by number of rows (a calibration): the least-squares line through
-        them (no slope evidence from one size: r(1) alone; rows that "saved" time: the plain
-        step, flat), and each size's time over that line as its ``shape``, less SHAPE_NOISE
-        times the timings' relative ``noise`` (``timing_noise``): a size within that of the
-        line is priced on it. At the calibration r(m) is thus each size's timing, up to the
-        noise."""
+        """From verify times by number of rows (a calibration): r(1) and the least-squares
+        slope through the other sizes, never below zero; no slope evidence from one size."""
         if 1 not in verify_seconds:
             raise ValueError("the governor needs at least a plain step's time (calibrate first)")
-        if any(m < 1 or seconds <= 0 for m, seconds in verify_seconds.items()):
-            raise ValueError(f"verify times are of 1 row or more and positive, got {verify_seconds}")
         step = verify_seconds[1]
         xx = sum((m - 1) ** 2 for m in verify_seconds)
         xy = sum((m - 1) * (seconds - step) for m, seconds in verify_seconds.items())
         if xx == 0:
             return cls(step)._drafting(draft, per_proposal, catch_up)
-        # The line fitted to every size, r(1) included: one size's noise moves every size's
-        # factor a little, not by all of it (as a line pinned to the plain step's timing would).
-        sizes = sorted(verify_seconds)
-        times = [verify_seconds[m] for m in sizes]
-        per_row, at_one = (float(v) for v in np.polyfit(np.array(sizes, dtype=float) - 1.0, times, 1))
-        if per_row < 0 or at_one <= 0:  # rows that "saved" time: the line through r(1), flat
-            return cls.line(step, max(0.0, xy / xx), draft, per_proposal, catch_up)
-        model = cls.line(at_one, per_row, draft, per_proposal, catch_up)
-        margin = SHAPE_NOISE * noise
-        for m, seconds in zip(sizes, times, strict=True):
-            off = seconds / model.verify(m) - 1.0
-            if abs(off) > margin:
-                model.shape[m] = 1.0 + math.copysign(abs(off) - margin, off)
-        return model
+        return cls.line(step, max(0.0, xy / xx), draft, per_proposal, catch_up)
 
     def _drafting(self, seconds: float, per_proposal: bool, catch_up: float = 0.0) -> CostModel:
         if per_proposal and catch_up:
@@ -344,22 +293,21 @@ class CostModel:
         return max(0.0, self.row_xy / self.row_xx) if self.row_xx > 0 else 0.0
 
     def verify(self, rows: int) -> float:
-        """r(rows), seconds: the line, times the calibrated shape where this size was timed."""
+        """r(rows), seconds."""
         if not self.known:
             raise ValueError("no verify time measured yet")
-        return (self.step_seconds + self.per_row * (rows - 1)) * self.shape.get(rows, 1.0)
+        return self.step_seconds + self.per_row * (rows - 1)
 
     def verify_rows(self, first: int, count: int) -> list[float]:
         """r(first), r(first + 1), ... : ``count`` sizes, as ``verify`` gives each."""
         if not self.known:
             raise ValueError("no verify time measured yet")
-        step, per_row, shape = self.step_seconds, self.per_row, self.shape
-        return [(step + per_row * (m - 1)) * shape.get(m, 1.0) for m in range(first, first + count)]
+        step, per_row = self.step_seconds, self.per_row
+        return [step + per_row * (m - 1) for m in range(first, first + count)]
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        shape = self.shape.get(rows, 1.0)
-        predicted = self.verify(rows) / shape  # the line's
-        seconds = min(max(seconds / shape, predicted / CLIP), predicted * CLIP)
+        predicted = self.verify(rows)
+        seconds = min(max(seconds, predicted / CLIP), predicted * CLIP)
         if rows == 1:
             self.step_seconds += COST_EMA * (seconds - self.step_seconds)
         else:
@@ -564,8 +512,8 @@ class Governor:
         """Whether some k could pay beside the load were every draft accepted (it yields
         ``(S + 1 + k) / (S + 1)`` of the batch's plain tokens then). Where none could, what a
         proposal says cannot make the round draft: a shadowing planner does not ask for it.
-        Beside 15 other requests' rows on 2 Zen 2 cores (a 17th row costs 0.15 of the pass)
-        no k pays, and the 16 proposals of each pass were 2-3% of its time."""
+        Beside 15 other requests' rows on 2 Zen 2 cores no k pays (a 17th row cost 4.7 ms
+        beside a 31 ms pass of 16), and the 16 proposals of each pass were 2-3% of its time."""
         load = self.load
         if load.rows == 0:
             return self.k_max > 0

@@ -48,7 +48,6 @@ from verispec.governor import (
     Decision,
     Governor,
     Load,
-    timing_noise,
 )
 from verispec.sampling import SamplingParams, final_distributions, final_rows, final_tokens
 from verispec.stats import RequestStats
@@ -58,13 +57,9 @@ from verispec.tree_sizing import BranchCalibration
 AUTO = "auto"
 DEFAULT_K_MAX = 8  # the most drafts per round ``k="auto"`` may choose
 CALIBRATION_REPEATS = 5  # timed verify passes per row count (and proposals) when calibrating costs
-# ... and per row count beside other requests (a batching engine's up to ~25 rows: 1.4 s of
-# passes each time through them, paid by the first request of each drafter)
-BATCH_CALIBRATION_REPEATS = 3
 
-# Calibrates a drafter's costs for rounds of up to the given number of drafts, timing verify
-# passes of up to the given number of rows.
-Calibrate = Callable[[int, int], CostModel]
+# Calibrates a drafter's costs for rounds of up to the given number of drafts.
+Calibrate = Callable[[int], CostModel]
 # The probability that the rule accepts a draft's first token at a round's first position.
 ShadowAcceptance = Callable[[Draft], float]
 
@@ -253,12 +248,7 @@ class Planner:
 
     def __init__(self, shadows: bool = True) -> None:
         self.shadows = shadows
-        # The most requests one forward pass holds (a batching scheduler sets it): the
-        # calibration times passes of their rows plus a round's drafts, the sizes a governor
-        # prices beside the others (``CostModel.shape``).
-        self.batch_rows = 1
         self.calibrated: dict[str, CostModel] = {}
-        self.calibrated_rows: dict[str, int] = {}  # the most rows each calibration was asked to time
         self.live: dict[str, CostModel] = {}
         self.acceptance: dict[str, AcceptanceMemory] = {}
         self.branching: dict[str, BranchCalibration] = {}  # trees' later-child scale, carried
@@ -281,16 +271,9 @@ class Planner:
             k = 0  # plain decoding: nothing to govern (its rounds skip the governor's ~50 us)
         limit = k_max if k == AUTO else int(k)
         calibrated = self.calibrated.get(name)
-        rows = limit + (self.batch_rows if k == AUTO and limit > 0 else 1)
-        # The line through the calibration extrapolates to any k, but needs two sizes; a
-        # governor of batched rounds also needs the sizes beside the other requests timed.
-        if (
-            calibrated is None
-            or (limit > 0 and not calibrated.has_slope)
-            or (self.batch_rows > 1 and self.calibrated_rows.get(name, 0) < rows)
-        ):
-            calibrated = self.calibrated[name] = calibrate(limit, rows)
-            self.calibrated_rows[name] = rows
+        # The line through the calibration extrapolates to any k, but needs two sizes.
+        if calibrated is None or (limit > 0 and not calibrated.has_slope):
+            calibrated = self.calibrated[name] = calibrate(limit)
             self.live[name] = copy.deepcopy(calibrated)
         live = self.live[name]
         stats.reference_step_seconds = live.verify(1)
@@ -328,10 +311,9 @@ def calibrate(
     prompt_tokens: int,
     params: SamplingParams,
     k_max: int,
-    rows: int | None = None,
 ) -> CostModel:
-    """Time verify passes of 1..``rows`` rows (default k_max + 1) on the pending token
-    (``context[-1]``, not yet in the target's cache), and the drafter's proposals (per token, or per proposal for a
+    """Time verify passes of 1..k_max + 1 rows on the pending token (``context[-1]``, not yet
+    in the target's cache), and the drafter's proposals (per token, or per proposal for a
     pure drafter, whose proposal costs the same whatever k; for a drafter that reads the
     target's states, also its catch-up after plain rounds); the cache is left as it was.
     Called right after the request's prefill and ``drafter.begin``.
@@ -347,33 +329,27 @@ def calibrate(
     draft: list[tuple[float, int]] = []  # (seconds, tokens offered) of warm proposals
     # Before any verify pass: the catch-up is timed from the prefill's states.
     catch_up = _catch_up_seconds(drafter, context, prompt, params, k, scratch, draft) if k > 0 else 0.0
-    timings: dict[int, list[float]] = {}
+    timings: dict[int, float] = {}
     pending = len(context) - 1
-    rows_up_to = min(k_max + 1 if rows is None else rows, target.context_length - pending)
-    # A round's own sizes first, then those beside other requests on their own: passes of 20
-    # rows and more wrote enough (their logits, ~5 MB) to push the KV cache out, and timed in
-    # turn with them a 2-row pass took 8 ms instead of 6.5.
-    own = min(k_max + 1, rows_up_to)
-    for sizes in (range(1, own + 1), range(own + 1, rows_up_to + 1)):
-        for _ in range(CALIBRATION_REPEATS if sizes.start == 1 else BATCH_CALIBRATION_REPEATS):
-            for size in sizes:
-                drafts = [context[-1]] * (size - 1)
-                # A whole round's decide path: forward pass, final distributions, the rule.
-                start = time.perf_counter()
-                logits = target.verify([context[-1], *drafts])
-                chain_verdict(logits, params, prompt, generated, drafts, None, scratch.random(2 * size - 1))
-                timings.setdefault(size, []).append(time.perf_counter() - start)
-                target.rollback(pending)
-            if k > 0 and sizes.start == 1:
-                draft.append(_timed_proposal(drafter, context, k, scratch))
-    fastest_rows, noise = {size: min(ts) for size, ts in timings.items()}, timing_noise(timings)
+    rows_up_to = min(k_max + 1, target.context_length - pending)
+    for _ in range(CALIBRATION_REPEATS):
+        for rows in range(1, rows_up_to + 1):
+            drafts = [context[-1]] * (rows - 1)
+            # A whole round's decide path: forward pass, final distributions, the rule.
+            start = time.perf_counter()
+            logits = target.verify([context[-1], *drafts])
+            chain_verdict(logits, params, prompt, generated, drafts, None, scratch.random(2 * rows - 1))
+            timings[rows] = min(timings.get(rows, float("inf")), time.perf_counter() - start)
+            target.rollback(pending)
+        if k > 0:
+            draft.append(_timed_proposal(drafter, context, k, scratch))
     if not draft:
-        return CostModel.from_timings(fastest_rows, noise=noise)
+        return CostModel.from_timings(timings)
     fastest, offered = min(draft)
     if drafter.pure_proposals:
-        return CostModel.from_timings(fastest_rows, fastest, True, noise=noise)
+        return CostModel.from_timings(timings, fastest, True)
     per_token = fastest / offered if offered else 0.0
-    return CostModel.from_timings(fastest_rows, per_token, False, max(0.0, catch_up - offered * per_token), noise)
+    return CostModel.from_timings(timings, per_token, False, max(0.0, catch_up - offered * per_token))
 
 
 def _timed_proposal(

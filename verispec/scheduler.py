@@ -105,8 +105,6 @@ class Scheduler:
         self.max_running = min(max_running, len(sequences))
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
-        if self.batched:  # the governors price rows beside up to max_running requests
-            engine.planner.batch_rows = max(engine.planner.batch_rows, self.max_running)
         self._sequences = sequences[: self.max_running]
         self._free = list(self._sequences)
         self._scopes: dict[int, str | None] = {}  # sequence index -> scope of its last request

@@ -5,13 +5,6 @@ import contextlib
 
 from verispec.governor import CostModel
 
-# Verify passes by rows, seconds, as the native kernels took them on 2 Zen 2 cores at 400
-# tokens of context (benchmarks/verify_cost.py, medians of 9; 10-16 and 18-25 rows: 1.9 ms a
-# row): the kernels' row tiles make the 5th, 9th and 17th rows dear.
-MEASURED_ROWS = {m: ms / 1000 for m, ms in {1: 4.7, 2: 5.9, 3: 7.6, 4: 9.4, 5: 11.8, 6: 13.1, 7: 14.8}.items()}
-MEASURED_ROWS |= {8: 0.0159, 9: 0.0188} | {m: 0.0188 + 0.0019 * (m - 9) for m in range(10, 17)}
-MEASURED_ROWS |= {17: 0.036} | {m: 0.036 + 0.0019 * (m - 17) for m in range(18, 26)}
-
 
 @contextlib.contextmanager
 def drafter_prices(engine, name="suffix"):

@@ -24,7 +24,7 @@ import numpy as np
 
 from verispec.accept_tree import tree_depths
 from verispec.drafters.base import Drafter
-from verispec.governor import CostModel, timing_noise
+from verispec.governor import CostModel
 from verispec.planner import AUTO, DEFAULT_K_MAX, Planner, ShadowAcceptance
 from verispec.sampling import SamplingParams
 from verispec.stats import RequestStats
@@ -86,8 +86,8 @@ class NoisyTimer:
 
     def calibrate(self, context: int, k_max: int, repeats: int = 3) -> CostModel:
         """The engine's calibration: the fastest of a few timings per size."""
-        timings = {m: [self(m - 1, context) for _ in range(repeats)] for m in range(1, k_max + 2)}
-        return CostModel.from_timings({m: min(ts) for m, ts in timings.items()}, noise=timing_noise(timings))
+        timings = {m: min(self(m - 1, context) for _ in range(repeats)) for m in range(1, k_max + 2)}
+        return CostModel.from_timings(timings)
 
 
 def replay(
@@ -110,8 +110,8 @@ def replay(
     with one it measures them as the engine does: a calibration through the timer (at the
     first prompt), refined by the timer's readings of its own rounds."""
 
-    def calibrate(limit: int, rows: int) -> CostModel:
-        return timer.calibrate(len(prompt), rows - 1) if timer is not None else clock.costs(len(prompt))
+    def calibrate(limit: int) -> CostModel:
+        return timer.calibrate(len(prompt), limit) if timer is not None else clock.costs(len(prompt))
 
     stats = RequestStats()
     request = planner.begin(drafter, stats, calibrate, k, k_max)
