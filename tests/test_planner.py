@@ -84,9 +84,9 @@ def test_costs_are_calibrated_once_per_drafter_and_learned_after_each_request():
 
 def test_beside_a_load_where_no_k_pays_a_shadowing_planner_asks_no_proposal():
     """Rows at 2.3 ms beyond a 4.7 ms plain step (16 streams served at once got a piece every
-    ~37 ms on 2 Zen 2 cores): beside 15 other requests even drafts all accepted (16 + k tokens for the
-    batch's 16) do not pay them, so no proposal is asked for and the round is counted as plain
-    by load; alone, the same request asks the drafter again."""
+    ~37 ms on 2 Zen 2 cores): beside 15 other requests even drafts all accepted (16 + k tokens
+    for the batch's 16) do not pay them, so no proposal is asked for and the round is counted
+    as plain by load; alone, the same request asks the drafter again."""
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
     drafter = PricedLookup()
     drafter.begin(prompt, SamplingParams())
