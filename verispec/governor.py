@@ -526,14 +526,14 @@ class Governor:
         """``_round_seconds(k)`` for k = 1..k_max, the costs' line read once: every round of a
         governed request prices them, and ``best`` took 26 us a decision reading it for each
         k (13 us now, the same floats)."""
-        costs = self.costs
+        verify = self.costs.verify_rows(self.load.rows + 2, self.k_max)
+        return [self._drafting_seconds(k) + v for k, v in enumerate(verify, start=1)]
+
+    def _drafting_seconds(self, k: int) -> float:
+        """What drafting k tokens adds to a round (see ``_round_seconds``)."""
         if self.shadow:
-            drafting = [k * costs.draft_seconds_per_token for k in range(1, self.k_max + 1)]
-        else:
-            after_plain = not (self.proposed_last or self.remembered)
-            drafting = [costs.draft_seconds(k, after_plain) for k in range(1, self.k_max + 1)]
-        verify = costs.verify_rows(self.load.rows + 2, self.k_max)
-        return [d + v for d, v in zip(drafting, verify, strict=True)]
+            return k * self.costs.draft_seconds_per_token
+        return self.costs.draft_seconds(k, after_plain=not (self.proposed_last or self.remembered))
 
     def _round_seconds(self, k: int, rows: int | None = None) -> float:
         """A round of k drafts in this batch. ``best`` decides after a plain round only at a
@@ -545,12 +545,7 @@ class Governor:
         governor decides with the proposal in hand: its time is spent whatever k is. ``rows``:
         the drafted rows verified where they are not the k drafted (a tree: k positions drafted,
         ``rows`` nodes)."""
-        costs = self.costs
-        if self.shadow:
-            drafting = k * costs.draft_seconds_per_token
-        else:
-            drafting = costs.draft_seconds(k, after_plain=not (self.proposed_last or self.remembered))
-        return drafting + costs.verify(self.load.rows + 1 + (k if rows is None else rows))
+        return self._drafting_seconds(k) + self.costs.verify(self.load.rows + 1 + (k if rows is None else rows))
 
     @staticmethod
     def shadow_rate(costs: CostModel) -> float:
