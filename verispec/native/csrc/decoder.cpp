@@ -1153,6 +1153,17 @@ static std::atomic<int64_t> amx_min_rows_{-1};
 constexpr int64_t AMX_MIN_ROWS = 9;
 constexpr int64_t WIDE_ROWS_MAX = 8;  // with tiles; without, the VNNI kernel takes every pass
 constexpr int64_t WIDE_OUTPUTS = 16;  // outputs per group of the wide layout
+// Rows per call of the wide layout's kernel (a group's weights stay in L1 between calls).
+// With AVX-512 VNNI, 4: from 5 rows the kernel's accumulators (2 a row for Q4) and the
+// unpacked weights outgrow the 32 registers. Zen 4, 2 cores, whole verify passes at 400
+// tokens against chunks of 8 (verify_cost.py, old and new builds alternating, 2 pairs):
+// 5 rows 4-11% faster, 8 rows 8-12%, 9 rows 14-16%, 16 rows 7-10%; 1-4 rows the same code.
+// With AVX2 alone (Zen 2), 8, as measured there.
+#ifdef VS_WIDE_AVX2
+constexpr int64_t WIDE_CHUNK = 8;
+#else
+constexpr int64_t WIDE_CHUNK = 4;
+#endif
 // The most rows the AVX2 kernel of the wide layout takes: from there the lanes kernel is as
 // fast (AMD Zen 2, 2 cores, whole verify passes against the vector kernels: 8 rows 7% faster,
 // 16 level, 64 5% slower).
@@ -1455,15 +1466,15 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
 
 #ifdef VS_WIDE
 // y = x W^T for the M rows quantised in xq, wide_rows by groups of 16 outputs, the rows in
-// chunks of at most 8 (a group's weights stay in L1 between chunks).
+// chunks of at most WIDE_CHUNK (a group's weights stay in L1 between chunks).
 template <bool Q4BLOCKS>
 static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
   const int64_t groups = (w.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS;
   const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (WIDE_OUTPUTS * w.cols * M));
   parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; g++)
-      for (int64_t r0 = 0; r0 < M; r0 += 8) {
-        switch (std::min<int64_t>(8, M - r0)) {
+      for (int64_t r0 = 0; r0 < M; r0 += WIDE_CHUNK) {
+        switch (std::min<int64_t>(WIDE_CHUNK, M - r0)) {
           case 1: wide_rows<Q4BLOCKS, 1>(w, g, xq, r0, y, ldy); break;
           case 2: wide_rows<Q4BLOCKS, 2>(w, g, xq, r0, y, ldy); break;
           case 3: wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy); break;
