@@ -25,10 +25,13 @@ def test_greedy_speculative_equals_plain(either_engine, drafter, k):
     # suffix without its cross-request cache here: with it, these prompts' earlier runs make
     # every draft right (the next test), and the mix of kept and rejected drafts is wanted.
     chosen = either_engine.drafter("suffix", suffix_cache_tokens=0) if drafter == "suffix" else drafter
-    # A draft model costs the governor about a step a token here (the tiny target drafting
-    # for itself): priced as a small draft model is next to a real target, so that it drafts.
+    # Under k "auto" each drafter is priced so that drafting pays (a verify row a fifth of a
+    # step): this test is about the output, and the tiny target's measured costs vary with
+    # the machine (on a 2-core Zen 4 in CI the governor once drafted nothing for `suffix`).
+    # A draft model costs about a step a token here (the tiny target drafting for itself):
+    # priced as a small draft model is next to a real target.
     with drafter_prices(either_engine, drafter) as set_costs:
-        if drafter == "model":
+        if drafter != "none":
             set_costs(0.2)
         for prompt in PROMPTS:
             result = either_engine.generate(prompt, drafter=chosen, k=k, temperature=0, max_tokens=MAX_TOKENS)

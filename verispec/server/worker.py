@@ -162,6 +162,11 @@ class EngineWorker:
         for job in jobs:
             self.cancel(job)
 
+    def running_jobs(self) -> int:
+        """Jobs started in the scheduler and not yet finished."""
+        with self._lock:
+            return len(self._running)
+
     def retry_after(self) -> int:
         with self._lock:
             return self._retry_after_locked()
