@@ -1158,6 +1158,7 @@ constexpr int64_t WIDE_OUTPUTS = 16;  // outputs per group of the wide layout
 // unpacked weights probably outgrow the 32 registers (not checked in the assembly). Zen 4, 2 cores, whole verify passes at 400
 // tokens against chunks of 8 (verify_cost.py, old and new builds alternating, 2 pairs):
 // 5 rows 4-11% faster, 8 rows 8-12%, 9 rows 14-16%, 16 rows 7-10%; 1-4 rows the same code.
+// Not measured where AMX tiles take passes from 9 rows (rows 5-8 there now run 4 + the rest).
 // With AVX2 alone (Zen 2), 8, as measured there.
 #ifdef VS_WIDE_AVX2
 constexpr int64_t WIDE_CHUNK = 8;
