@@ -1,0 +1,127 @@
+"""Batched throughput in-process: closed-loop clients on the engine's scheduler, no HTTP.
+
+    .venv/bin/python benchmarks/closed_loop.py --clients 16 --duration 25 --pairs 2 --configs none lookup
+
+``serve_load.py``'s workload without its server and clients: the same prompts (the dev set's
+first turns, 64 in category order), as chat messages, greedy, ``--max-tokens`` each. Each of
+``--clients`` clients sends its next request as soon as its last one finishes, for
+``--duration`` seconds; then the requests in flight finish. A run's tokens/s is the tokens of
+finished requests over its wall time, drain included, as in ``serve_load.py``. Configurations
+(drafter names; all but ``none`` with ``k`` auto) alternate run by run, ``--pairs`` rounds of
+them, after one untimed request each. Also printed: the seconds spent in forward passes and
+outside them (the planner, governor, drafters and rule between passes). On a 2-core machine
+this is what the engine gives with nothing else on the cores; the HTTP figures are lower by
+what the server's event loop and the benchmark's client take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from verispec.api import load_engine
+from verispec.engine import Engine, Request
+from verispec.prompts import load_prompts, round_robin
+from verispec.sampling import SamplingParams
+from verispec.scheduler import Running, Scheduler
+
+SLOTS = 16  # the server's default --max-running
+
+
+def request(engine: Engine, prompt: str, drafter: str, max_tokens: int) -> Request:
+    ids = engine.encode([{"role": "user", "content": prompt}], chat=True)
+    options: dict[str, Any] = {"drafter": drafter} if drafter == "none" else {"drafter": drafter, "k": "auto"}
+    return engine.request(ids, params=SamplingParams(temperature=0.0, max_tokens=max_tokens), **options)
+
+
+def run_point(
+    engine: Engine, scheduler: Scheduler, prompts: list[str], drafter: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One run of ``args.clients`` closed-loop clients: tokens/s and where the time went."""
+    sent = 0
+
+    def start() -> Running:
+        nonlocal sent
+        sent += 1
+        return scheduler.start(request(engine, prompts[(sent - 1) % len(prompts)], drafter, args.max_tokens))
+
+    began = time.perf_counter()
+    deadline = began + args.duration
+    running = [start() for _ in range(args.clients)]
+    tokens = finished = 0
+    in_passes = 0.0
+    while running:
+        in_passes += scheduler.step().seconds
+        for item in list(running):
+            item.take()  # the text a stream would send: decoded as the server decodes it
+            if item.finished:
+                running.remove(item)
+                if item.result is None:
+                    raise RuntimeError(f"a request failed: {item.error!r}")
+                tokens += len(item.result.token_ids)
+                finished += 1
+                if time.perf_counter() < deadline:
+                    running.append(start())
+    wall = time.perf_counter() - began
+    return {
+        "config": drafter,
+        "clients": args.clients,
+        "tokens_per_s": tokens / wall,
+        "tokens": tokens,
+        "finished": finished,
+        "wall_s": wall,
+        "in_passes_s": in_passes,
+        "outside_passes_s": wall - in_passes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=16, help=f"at most {SLOTS} (default 16)")
+    parser.add_argument("--duration", type=float, default=25.0, help="seconds of sending per run")
+    parser.add_argument("--pairs", type=int, default=2, help="rounds of alternating configurations")
+    parser.add_argument("--configs", nargs="+", default=["none", "lookup"], help="drafters; the first is the base")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompts", default=None, help="Spec-Bench JSONL (default: the shared dev set)")
+    parser.add_argument("--model", default=None, help="default: the embedded model")
+    parser.add_argument("--out", default=None, help="also write the runs to this JSON file")
+    args = parser.parse_args()
+    if not 1 <= args.clients <= SLOTS or args.duration <= 0 or args.pairs < 1 or args.max_tokens < 1:
+        parser.error(f"need 1 <= --clients <= {SLOTS}, --duration > 0, --pairs >= 1, --max-tokens >= 1")
+    engine = load_engine(args.model, slots=SLOTS)
+    scheduler = Scheduler(engine, max_running=SLOTS)
+    prompts = [p.text for p in round_robin(load_prompts(args.prompts), 64)]
+    for drafter in args.configs:  # untimed: first-call costs, the governor's calibration
+        warm = scheduler.start(request(engine, prompts[0], drafter, 8))
+        while not warm.finished:
+            scheduler.step()
+    runs = []
+    for _ in range(args.pairs):
+        for drafter in args.configs:
+            row = run_point(engine, scheduler, prompts, drafter, args)
+            runs.append(row)
+            print(
+                f"{row['clients']:>3} clients  {drafter:<8} {row['tokens_per_s']:7.1f} tok/s  finished "
+                f"{row['finished']:>4}  wall {row['wall_s']:5.1f} s  outside passes {row['outside_passes_s']:4.2f} s",
+                flush=True,
+            )
+    base = args.configs[0]
+    for drafter in args.configs[1:]:
+        ratios = [
+            b["tokens_per_s"] / a["tokens_per_s"]
+            for a, b in zip(
+                [r for r in runs if r["config"] == base], [r for r in runs if r["config"] == drafter], strict=True
+            )
+        ]
+        listed = ", ".join(f"{r:.3f}" for r in ratios)
+        print(f"{drafter} / {base}: {listed} (median {statistics.median(ratios):.3f})")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"settings": vars(args), "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
