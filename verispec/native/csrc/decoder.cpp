@@ -1155,9 +1155,10 @@ constexpr int64_t WIDE_ROWS_MAX = 8;  // with tiles; without, the VNNI kernel ta
 constexpr int64_t WIDE_OUTPUTS = 16;  // outputs per group of the wide layout
 // Rows per call of the wide layout's kernel (a group's weights stay in L1 between calls).
 // With AVX-512 VNNI, 4: from 5 rows the kernel's accumulators (2 a row for Q4) and the
-// unpacked weights probably outgrow the 32 registers (not checked in the assembly). Zen 4, 2 cores, whole verify passes at 400
-// tokens against chunks of 8 (verify_cost.py, old and new builds alternating, 2 pairs):
-// 5 rows 4-11% faster, 8 rows 8-12%, 9 rows 14-16%, 16 rows 7-10%; 1-4 rows the same code.
+// unpacked weights probably outgrow the 32 registers (not checked in the assembly). Zen 4,
+// 2 cores, whole verify passes at 400 tokens against chunks of 8 (verify_cost.py, old and
+// new builds alternating, 2 pairs): 5 rows 4-11% faster, 8 rows 8-12%, 9 rows 14-16%, 16 rows
+// 7-10%; 1-4 rows the same code. There, wide_rows of 5 to 8 rows is left unused.
 // Not measured where AMX tiles take passes from 9 rows (rows 5-8 there now run 4 + the rest).
 // With AVX2 alone (Zen 2), 8, as measured there.
 #ifdef VS_WIDE_AVX2
