@@ -646,18 +646,21 @@ static inline void store_tile(const Matrix& w, int64_t t, const float (*out)[TIL
     for (int j = 0; j < valid; j++) y[r * ldy + j] = out[r][j];
 }
 
+#ifdef VS_WIDE
+// Weights are read once a pass and are far larger than the caches (106 MiB on the embedded
+// model, against 16 MiB of L3 on Zen 2), so the kernels that prefetch them (AVX2's, the
+// wide layout's) do it non-temporally: they then do not push out what the next pass and the
+// Python between passes use again (the KV cache, the activations, the engine's own state).
+// On Zen 2, a plain step was 16% faster than with _MM_HINT_T0 and a 2-row pass 17%, 8 rows 4%
+// (whole passes at 400 tokens of context); on Zen 4 T0 measured level.
+constexpr auto WEIGHT_HINT = _MM_HINT_NTA;
+#endif
+
 #ifdef VS_AVX2_NO_VNNI
 // How many blocks ahead the kernels of AVX2 CPUs without VNNI prefetch their weights: with
 // the hardware prefetchers alone the wide layout's AVX2 kernel left a plain step 7% and a
 // 2-row pass 8-10% slower (Zen 2, whole passes; 8 ahead measured the same as 4).
 constexpr int64_t PREFETCH_BLOCKS = 4;
-
-// Weights are read once a pass and are far larger than the caches (106 MiB on the embedded
-// model, against 16 MiB of L3 on Zen 2), so their prefetches are non-temporal: they then do
-// not push out what the next pass and the Python between passes use again (the KV cache, the
-// activations, the engine's own state). On Zen 2, a plain step was 16% faster than with
-// _MM_HINT_T0 and a 2-row pass 17%, 8 rows 4% (whole passes at 400 tokens of context).
-constexpr auto WEIGHT_HINT = _MM_HINT_NTA;
 
 // Prefetches block b of tile t (its codes and scales, and Q4's minimums) into L1. Past the
 // tile's last block it reads the next tile's, the same thread's next mostly.
@@ -1414,13 +1417,12 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
 // go in as q + 128 and 128 times the weights' sums (per output) come off again, exactly.
 //
 // The first chunk of a group's rows prefetches the weights WIDE_PREFETCH_BLOCKS blocks ahead
-// (past the group's last block, the next group's: the layout is one stream), non-temporal as
-// the AVX2 kernels' (see WEIGHT_HINT there): the hardware prefetchers alone fell behind on
-// the short stretches each thread claims. Later chunks find the group in L1. Zen 4, 2 cores,
-// whole passes at 400 tokens of context, distances interleaved in one process (medians of 9,
-// ms): none 1 row 2.65, 4 rows 4.04, 8 rows 5.96, 16 rows 10.2; 16 blocks ahead 2.28, 3.34,
-// 4.66, 8.23; 4 and 8 ahead gained less, 24 and 32 as much as 16, 48 and 64 less; T0 hints
-// level with NTA.
+// (past the group's last block, the next group's: the layout is one stream), non-temporal
+// (WEIGHT_HINT): the hardware prefetchers alone fell behind on the short stretches each
+// thread claims. Later chunks find the group in L1. Zen 4, 2 cores, whole passes at 400
+// tokens of context, distances interleaved in one process (medians of 9, ms): none 1 row
+// 2.65, 4 rows 4.04, 8 rows 5.96, 16 rows 10.2; 16 blocks ahead 2.28, 3.34, 4.66, 8.23; 4 and
+// 8 ahead gained less, 24 and 32 as much as 16, 48 and 64 less; T0 hints level with NTA.
 constexpr int64_t WIDE_PREFETCH_BLOCKS = 16;
 
 template <bool Q4BLOCKS, int R>
@@ -1441,18 +1443,18 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
     if (fetch) {  // prefetches never fault: past the matrix's end they read nothing it needs
       const int64_t ahead = b + WIDE_PREFETCH_BLOCKS;
       const char* codes = (const char*)(tiles + ahead * BLOCK_BYTES);
-      for (int64_t c = 0; c < BLOCK_BYTES; c += 64) _mm_prefetch(codes + c, _MM_HINT_NTA);
-      _mm_prefetch((const char*)(dw + ahead * WIDE_OUTPUTS), _MM_HINT_NTA);
-      if (Q4BLOCKS) _mm_prefetch((const char*)(mw + ahead * WIDE_OUTPUTS), _MM_HINT_NTA);
+      for (int64_t c = 0; c < BLOCK_BYTES; c += 64) _mm_prefetch(codes + c, WEIGHT_HINT);
+      _mm_prefetch((const char*)(dw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
+      if (Q4BLOCKS) _mm_prefetch((const char*)(mw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
     }
     __m512i wv[QK / 4];  // wv[k]: codes 4k .. 4k + 3 of the 16 outputs
     if (Q4BLOCKS) {
       for (int k = 0; k < 4; k++) {
-        const __m512i v = _mm512_loadu_si512(tiles + b * 256 + 64 * k);
+        const __m512i v = _mm512_loadu_si512(tiles + b * BLOCK_BYTES + 64 * k);
         wv[k] = _mm512_and_si512(v, low), wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
     } else {
-      for (int k = 0; k < 8; k++) wv[k] = _mm512_loadu_si512(tiles + b * 512 + 64 * k);
+      for (int k = 0; k < 8; k++) wv[k] = _mm512_loadu_si512(tiles + b * BLOCK_BYTES + 64 * k);
     }
     __m512i offset = _mm512_setzero_si512();  // 128 x the weights' sums, 8-bit weights only
     if (!Q4BLOCKS)
