@@ -287,6 +287,25 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #endif
+#ifdef VS_AVX512
+// exp8 on 16 lanes: the same operations, so the same value in every lane.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#endif
 
 static inline float hsum8(const float* l) {
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
@@ -310,29 +329,43 @@ static inline float exp1(float x) {
   return p * scale;
 }
 
-// exp of n floats in place; lanes beyond a multiple of 8 take the scalar twin.
+// exp of n floats in place (16 or 8 lanes, then the scalar twin for the rest).
 static void exp_inplace(float* v, int64_t n) {
   int64_t i = 0;
+#ifdef VS_AVX512
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(v + i, exp16(_mm512_loadu_ps(v + i)));
+#endif
 #ifdef VS_AVX2
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_loadu_ps(v + i)));
 #endif
   for (; i < n; i++) v[i] = exp1(v[i]);
 }
 
-// sum of n floats in 8 lanes (lane = index mod 8), then hsum8: the same order everywhere.
-static float sum_lanes(const float* v, int64_t n) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// The largest of n floats (n >= 1; a NaN is passed over, as std::max(best, v) does). A
+// maximum is exact, so the vector lanes give the scalar loop's value.
+static float max_of(const float* v, int64_t n) {
+  float best = -INFINITY;
   int64_t i = 0;
-#ifdef VS_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + i));
-  _mm256_storeu_ps(lanes, acc);
-#else
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; l++) lanes[l] += v[i + l];
+#ifdef VS_AVX512
+  __m512 m[4] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY),
+                 _mm512_set1_ps(-INFINITY)};
+  // max_ps(x, m) gives m where x is NaN; four chains hide the instruction's latency.
+  for (; i + 64 <= n; i += 64)
+    for (int u = 0; u < 4; u++) m[u] = _mm512_max_ps(_mm512_loadu_ps(v + i + 16 * u), m[u]);
+  for (; i + 16 <= n; i += 16) m[0] = _mm512_max_ps(_mm512_loadu_ps(v + i), m[0]);
+  best = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3])));
+#elif defined(VS_AVX2)
+  __m256 m[4] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY),
+                 _mm256_set1_ps(-INFINITY)};
+  for (; i + 32 <= n; i += 32)
+    for (int u = 0; u < 4; u++) m[u] = _mm256_max_ps(_mm256_loadu_ps(v + i + 8 * u), m[u]);
+  for (; i + 8 <= n; i += 8) m[0] = _mm256_max_ps(_mm256_loadu_ps(v + i), m[0]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])));
+  for (int l = 0; l < 8; l++) best = std::max(best, lanes[l]);
 #endif
-  for (; i < n; i++) lanes[i % 8] += v[i];
-  return hsum8(lanes);
+  for (; i < n; i++) best = std::max(best, v[i]);
+  return best;
 }
 
 static inline float fp16_to_float(uint16_t h) {
@@ -2167,13 +2200,35 @@ class Decoder {
     return segs[i];
   }
 
-  // exp(s - max s) in place over n scores; returns 1 / their sum.
+  // exp(s - max s) in place over n scores; returns 1 / their sum, summed in 8 lanes (lane =
+  // index mod 8, in index order) and then hsum8. Each exp is exp_inplace's (exp8 over whole
+  // vectors, exp1 for the tail), in the same pass as the subtraction and the sum.
   static float softmax(float* s, int64_t n) {
-    float best = -INFINITY;
-    for (int64_t t = 0; t < n; t++) best = std::max(best, s[t]);
-    for (int64_t t = 0; t < n; t++) s[t] -= best;
-    exp_inplace(s, n);
-    return 1.0f / sum_lanes(s, n);
+    const float best = max_of(s, n);
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t t = 0;
+#ifdef VS_AVX2
+    const __m256 b = _mm256_set1_ps(best);
+    __m256 acc = _mm256_setzero_ps();
+#ifdef VS_AVX512
+    for (; t + 16 <= n; t += 16) {  // the low 8 lanes are added first: the 8-lane order
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), _mm512_set1_ps(best)));
+      _mm512_storeu_ps(s + t, e);
+      acc = _mm256_add_ps(_mm256_add_ps(acc, _mm512_castps512_ps256(e)), _mm512_extractf32x8_ps(e, 1));
+    }
+#endif
+    for (; t + 8 <= n; t += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), b));
+      _mm256_storeu_ps(s + t, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(lanes, acc);
+#endif
+    for (; t < n; t++) {
+      s[t] = exp1(s[t] - best);
+      lanes[t % 8] += s[t];
+    }
+    return 1.0f / hsum8(lanes);
   }
 
 #ifdef VS_AVX2
