@@ -258,6 +258,17 @@ static void parallel_for(int64_t begin, int64_t end, int64_t grain, const Pool::
   pool->run(begin, end, chunk, fn);
 }
 
+// Row-wise work between the parallel loops (norms, the activations' quantisation, RoPE and
+// cache writes, SiLU, residual adds): on the calling thread up to ROWS_SERIAL rows, where a
+// hand-off to the pool costs about what it saves, else split by rows over the pool (chunks of
+// at least ROWS_SERIAL / 2). Each row's arithmetic is the same either way. In a prefill it
+// had the pool's worker waiting for a fifth of a pass.
+constexpr int64_t ROWS_SERIAL = 16;
+static void for_rows(int64_t M, const Pool::Body& fn) {
+  if (M <= ROWS_SERIAL) return fn(0, M);
+  parallel_for(0, M, ROWS_SERIAL / 2, fn);
+}
+
 // ---------------------------------------------------------------------------------------
 // Small vector helpers with scalar twins that sum in the same order.
 
@@ -595,10 +606,9 @@ static void pack_quads(QuantRows& xq, int64_t r0, int64_t K) {
 }
 #endif
 
-static void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out) {
-  int64_t B = K / QK;
-  out.q.resize(M * K), out.d.resize(M * B), out.s.resize(M * B);
-  for (int64_t i = 0; i < M * B; i++) {
+// Blocks [first, last) of quantize_rows, counted over the rows one after another.
+static void quantize_blocks(const float* x, int64_t first, int64_t last, QuantRows& out) {
+  for (int64_t i = first; i < last; i++) {
     const float* v = x + i * QK;
     int8_t* q = out.q.data() + i * QK;
     int32_t sum = 0;
@@ -643,6 +653,14 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out) 
 #endif
     out.s[i] = out.d[i] * (float)sum;
   }
+}
+
+// Each row of x (M x K) in blocks of QK: codes q = round(x / d), d = max|x| / 127, and s = d
+// times the codes' sum (quantize_blocks).
+static void quantize_rows(const float* x, int64_t M, int64_t K, QuantRows& out) {
+  const int64_t B = K / QK;
+  out.q.resize(M * K), out.d.resize(M * B), out.s.resize(M * B);
+  for_rows(M, [&](int64_t r0, int64_t r1) { quantize_blocks(x, r0 * B, r1 * B, out); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1748,13 +1766,31 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
 // The decoder.
 
 static void rmsnorm(const float* x, const float* weight, int64_t M, int64_t H, float eps, float* out) {
-  for (int64_t r = 0; r < M; r++) {
-    const float* v = x + r * H;
-    float squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = 0; i < H; i++) squares[i % 8] = std::fma(v[i], v[i], squares[i % 8]);
-    float inv = 1.0f / std::sqrt(hsum8(squares) / (float)H + eps);
-    for (int64_t i = 0; i < H; i++) out[r * H + i] = weight[i] * (v[i] * inv);
-  }
+  for_rows(M, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* v = x + r * H;
+      float squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // lane l: v[i]^2 for i = l mod 8, in order
+      int64_t i = 0;
+#ifdef VS_AVX2
+      __m256 acc = _mm256_setzero_ps();
+      for (; i + 8 <= H; i += 8) {
+        const __m256 a = _mm256_loadu_ps(v + i);
+        acc = _mm256_fmadd_ps(a, a, acc);
+      }
+      _mm256_storeu_ps(squares, acc);
+#endif
+      for (; i < H; i++) squares[i % 8] = std::fma(v[i], v[i], squares[i % 8]);
+      float inv = 1.0f / std::sqrt(hsum8(squares) / (float)H + eps);
+      for (i = 0; i < H; i++) out[r * H + i] = weight[i] * (v[i] * inv);
+    }
+  });
+}
+
+// x += delta, M rows of H.
+static void add_rows(float* x, const float* delta, int64_t M, int64_t H) {
+  for_rows(M, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * H; i < r1 * H; i++) x[i] += delta[i];
+  });
 }
 
 // RoPE in the rotate-half layout (as transformers' Llama) on ``heads`` vectors of D values
@@ -1964,12 +2000,12 @@ class Decoder {
       for (const Segment& seg : segs) rope_and_cache(qkv.data() + seg.row0 * qkv_cols, seg, l);
       attention(qkv.data(), segs, M, l, attn.data());
       matmul(layer.o, attn.data(), M, delta.data(), H, scratch);
-      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      add_rows(x.data(), delta.data(), M, H);
       rmsnorm(x.data(), layer.ffn_norm.data_ptr<float>(), M, H, eps_, h.data());
       matmul(layer.gate_up, h.data(), M, gu.data(), 2 * inter_, scratch);
       silu_mul(gu.data(), M, act.data());
       matmul(layer.down, act.data(), M, delta.data(), H, scratch);
-      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      add_rows(x.data(), delta.data(), M, H);
       if (l + 1 < L) keep(l + 1, x.data());
     }
     rmsnorm(x.data(), norm_.data_ptr<float>(), M, H, eps_, h.data());
@@ -2021,19 +2057,23 @@ class Decoder {
     int16_t* kc = keys_[layer].data_ptr<int16_t>();
     int16_t* vc = values_[layer].data_ptr<int16_t>();
     const std::vector<int64_t> depth = row_depths(seg);
-    for (int64_t r = 0; r < M; r++) {
-      const int64_t pos = start + depth[r], at = start + r;  // its position (rope), its cache slot
-      float* row = qkv + r * cols;
-      rotate_half(row, heads_ + kv_heads_, D, cos_.data_ptr<float>() + pos * half, sin_.data_ptr<float>() + pos * half);
-      for (int64_t g = 0; g < kv_heads_; g++) {
-        const float* k = row + (heads_ + g) * D;
-        const float* v = row + (heads_ + kv_heads_ + g) * D;
-        for (int64_t i = 0; i < D; i++) {
-          kc[key_at(base + g, at, i)] = (int16_t)float_to_fp16(k[i]);
-          vc[((base + g) * context_ + at) * D + i] = (int16_t)float_to_fp16(v[i]);
+    const float* cos = cos_.data_ptr<float>();
+    const float* sin = sin_.data_ptr<float>();
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; r++) {
+        const int64_t pos = start + depth[r], at = start + r;  // its position (rope), its cache slot
+        float* row = qkv + r * cols;
+        rotate_half(row, heads_ + kv_heads_, D, cos + pos * half, sin + pos * half);
+        for (int64_t g = 0; g < kv_heads_; g++) {
+          const float* k = row + (heads_ + g) * D;
+          const float* v = row + (heads_ + kv_heads_ + g) * D;
+          for (int64_t i = 0; i < D; i++) {
+            kc[key_at(base + g, at, i)] = (int16_t)float_to_fp16(k[i]);
+            vc[((base + g) * context_ + at) * D + i] = (int16_t)float_to_fp16(v[i]);
+          }
         }
       }
-    }
+    });
   }
 
   static constexpr int64_t KEY_BLOCK = 8;  // positions per key block: one vector of scores
@@ -2414,14 +2454,16 @@ class Decoder {
 
   void silu_mul(const float* gu, int64_t M, float* out) {
     const int64_t I = inter_;
-    std::vector<float> e(I);
-    for (int64_t r = 0; r < M; r++) {
-      const float* gate = gu + r * 2 * I;
-      const float* up = gate + I;
-      for (int64_t i = 0; i < I; i++) e[i] = -gate[i];
-      exp_inplace(e.data(), I);
-      for (int64_t i = 0; i < I; i++) out[r * I + i] = gate[i] / (1.0f + e[i]) * up[i];
-    }
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+      std::vector<float> e(I);
+      for (int64_t r = r0; r < r1; r++) {
+        const float* gate = gu + r * 2 * I;
+        const float* up = gate + I;
+        for (int64_t i = 0; i < I; i++) e[i] = -gate[i];
+        exp_inplace(e.data(), I);
+        for (int64_t i = 0; i < I; i++) out[r * I + i] = gate[i] / (1.0f + e[i]) * up[i];
+      }
+    });
   }
 
   int64_t hidden_, inter_, heads_, kv_heads_, head_dim_, slots_, context_;
@@ -2525,7 +2567,7 @@ class HeadStack {
       rope_and_store(qkv.data(), M, start, l);
       attend(qkv.data(), M, start, l, attn.data());
       matmul(layer.o, attn.data(), M, delta.data(), H, scratch);
-      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      add_rows(x.data(), delta.data(), M, H);
       rmsnorm(x.data(), layer.ffn_norm.data_ptr<float>(), M, H, eps_, h.data());
       matmul(layer.gate_up, h.data(), M, gu.data(), 2 * inter_, scratch);
       for (int64_t r = 0; r < M; r++)
@@ -2534,7 +2576,7 @@ class HeadStack {
           act[r * inter_ + i] = gate / (1.0f + std::exp(-gate)) * up;
         }
       matmul(layer.down, act.data(), M, delta.data(), H, scratch);
-      for (int64_t i = 0; i < M * H; i++) x[i] += delta[i];
+      add_rows(x.data(), delta.data(), M, H);
     }
     auto out = at::empty({M, H}, at::kFloat);
     std::memcpy(out.data_ptr<float>(), x.data(), M * H * 4);
