@@ -59,7 +59,9 @@ def test_a_governor_measuring_noisy_timings_keeps_close_to_exact_costs():
 def test_a_fixed_k_replays_the_engines_tree_rounds_exactly(native_engine):
     # The prompt's own repeats branch after "the cat": trees from the request's own tokens.
     prompt = "the cat sat. the cat ran. the cat sat. the cat ate. the cat sat. the cat"
-    options = {"suffix_branches": 3, "suffix_min_score": 0.0, "suffix_cache_tokens": 0}
+    # Drafts no longer than the match (spec_factor 1): short chains, whose branches the
+    # governor verifies as trees here (with the default of 4, this prompt's rounds were chains).
+    options = {"suffix_branches": 3, "suffix_min_score": 0.0, "suffix_cache_tokens": 0, "suffix_spec_factor": 1.0}
     plain = native_engine.generate(prompt, drafter="none", temperature=0, max_tokens=40)
     spec = native_engine.generate(
         prompt, drafter=native_engine.drafter("suffix", scope="replay-a", **options), k=4, temperature=0, max_tokens=40

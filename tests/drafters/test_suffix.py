@@ -253,12 +253,15 @@ def test_the_chain_walk_is_the_walk_with_one_branch(stores, k, min_score):
     assert fast == general
 
 
-def test_by_default_drafts_are_no_longer_than_the_match_and_score_at_least_0_3():
+def test_by_default_drafts_are_at_most_four_a_matched_token_and_score_at_least_0_3():
     drafter = SuffixDrafter(SuffixCache(1000))
-    assert (drafter.spec_factor, drafter.min_score) == (1.0, 0.3)
-    context = [1, 2, 3, 4, 5, 6, 7, 9, 9, 1, 2]  # "1 2" matched: 2 tokens, so 2 drafts
-    assert proposal(drafter, context, 8).tokens == [3, 4] and drafter.last.match == 2
-    assert proposal(drafter, [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4], 8).tokens == [5, 6, 7, 9]
+    assert (drafter.spec_factor, drafter.min_score) == (4.0, 0.3)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]  # "1 2" matched: 2 tokens, 8 drafts
+    assert proposal(drafter, context, 16).tokens == [3, 4, 5, 6, 7, 8, 9, 10] and drafter.last.match == 2
+    # spec_factor 1: SuffixDecoding's own limit, no longer than the match
+    matched = SuffixDrafter(SuffixCache(1000), spec_factor=1.0)
+    assert proposal(matched, context, 16).tokens == [3, 4]
+    assert proposal(matched, [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4], 8).tokens == [5, 6, 7, 9]
     for tail in ([10, 11], [10, 12], [10, 13], [20, 21]):
         run(drafter, [7, 8, 1, 2, 3, *tail])
     # 10 follows in 3 of 4 (.75), then 11, 12, 13 a third each (.25 < 0.3): one draft.
