@@ -2288,8 +2288,8 @@ class Decoder {
   }
 
   // exp(s - max s) in place over n scores; returns 1 / their sum, summed in 8 lanes (lane =
-  // index mod 8, in index order) and then hsum8. Each exp is exp_inplace's (exp8 over whole
-  // vectors, exp1 for the tail), in the same pass as the subtraction and the sum.
+  // index mod 8, in index order) and then hsum8. Each exp is exp_inplace's (exp16 or exp8 over
+  // whole vectors, exp1 for the tail), in the same pass as the subtraction and the sum.
   static float softmax(float* s, int64_t n) {
     const float best = max_of(s, n);
     float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -2298,8 +2298,9 @@ class Decoder {
     const __m256 b = _mm256_set1_ps(best);
     __m256 acc = _mm256_setzero_ps();
 #ifdef VS_AVX512
+    const __m512 b16 = _mm512_set1_ps(best);
     for (; t + 16 <= n; t += 16) {  // the low 8 lanes are added first: the 8-lane order
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), _mm512_set1_ps(best)));
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), b16));
       _mm512_storeu_ps(s + t, e);
       acc = _mm256_add_ps(_mm256_add_ps(acc, _mm512_castps512_ps256(e)), _mm512_extractf32x8_ps(e, 1));
     }
