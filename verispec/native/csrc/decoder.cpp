@@ -125,6 +125,7 @@ class Pool {
     for (int i = 0; i < workers; i++) threads_.emplace_back([this, i] { work(i + 1); });
   }
   int workers() const { return (int)threads_.size(); }
+  uint64_t threads() const { return threads_.size() + 1; }  // the workers and the caller
   void stop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -144,9 +145,9 @@ class Pool {
     const uint64_t chunks = (uint64_t)((end - begin + chunk - 1) / chunk);
     begin_ = begin, end_ = end, chunk_ = chunk, fn_ = &fn, error_ = nullptr;
     done_.store(0, std::memory_order_relaxed);
-    const uint64_t threads = (uint64_t)workers() + 1;
-    for (uint64_t t = 0; t < threads; t++)  // home ranges [front, back): front in bits 0-23, back in 24-47
-      slots_[t].word.store(chunks * t / threads | (chunks * (t + 1) / threads) << 24, std::memory_order_release);
+    const uint64_t n = threads();
+    for (uint64_t t = 0; t < n; t++)  // home ranges [front, back): front in bits 0-23, back in 24-47
+      slots_[t].word.store(chunks * t / n | (chunks * (t + 1) / n) << 24, std::memory_order_release);
     generation_ = (generation_ + 1) & 0xFFFF;
     posted_.store(generation_ + 1, std::memory_order_seq_cst);  // never 0: a worker's first seen value
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
@@ -178,15 +179,15 @@ class Pool {
   // all of them, so no thread is still claiming when the next loop's words are written.
   void claim_all(uint64_t self) {
     constexpr uint64_t FIELD = 0xFFFFFF, BACK = 1ull << 24;
-    const uint64_t threads = (uint64_t)workers() + 1;
+    const uint64_t n = threads();
     uint64_t ran = 0;
     for (;;) {  // own range: the front moves on (past the back once it is empty: harmless)
       const uint64_t word = slots_[self].word.fetch_add(1, std::memory_order_acq_rel);
       if ((word & FIELD) >= (word >> 24 & FIELD)) break;
       run_chunk(word & FIELD), ran++;
     }
-    for (uint64_t v = 1; v < threads; v++) {  // the others': the back moves down
-      std::atomic<uint64_t>& range = slots_[(self + v) % threads].word;
+    for (uint64_t v = 1; v < n; v++) {  // the others': the back moves down
+      std::atomic<uint64_t>& range = slots_[(self + v) % n].word;
       uint64_t word = range.load(std::memory_order_acquire);
       while ((word & FIELD) < (word >> 24 & FIELD))
         if (range.compare_exchange_weak(word, word - BACK, std::memory_order_acq_rel, std::memory_order_acquire)) {
@@ -2104,13 +2105,13 @@ class Decoder {
     int16_t* kc = keys_[layer].data_ptr<int16_t>();
     int16_t* vc = values_[layer].data_ptr<int16_t>();
     const std::vector<int64_t> depth = row_depths(seg);
-    const float* cos = cos_.data_ptr<float>();
-    const float* sin = sin_.data_ptr<float>();
+    const float* cosines = cos_.data_ptr<float>();
+    const float* sines = sin_.data_ptr<float>();
     for_rows(M, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; r++) {
         const int64_t pos = start + depth[r], at = start + r;  // its position (rope), its cache slot
         float* row = qkv + r * cols;
-        rotate_half(row, heads_ + kv_heads_, D, cos + pos * half, sin + pos * half);
+        rotate_half(row, heads_ + kv_heads_, D, cosines + pos * half, sines + pos * half);
         for (int64_t g = 0; g < kv_heads_; g++) {
           const float* k = row + (heads_ + g) * D;
           const float* v = row + (heads_ + kv_heads_ + g) * D;
