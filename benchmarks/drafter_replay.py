@@ -23,7 +23,7 @@ from verispec.api import load_engine
 from verispec.bench import run, workloads
 from verispec.bench.configs import parse_config
 from verispec.bench.replay import Clock, replay
-from verispec.drafters.registry import drafter_names
+from verispec.drafters.registry import LEARNING_DRAFTERS, drafter_names
 from verispec.planner import AUTO, Planner
 from verispec.prompts import load_prompts, select
 
@@ -69,7 +69,8 @@ def main() -> None:
     for config in args.configs:
         # Options as the bench reads them (``suffix:cache=0`` is the cache's size, ...).
         parsed = parse_config(config, drafter_names())
-        drafter = engine.drafter(parsed.name, scope=f"replay-{config}", **parsed.drafter_options())
+        scope = {"scope": f"replay-{config}"} if parsed.name in LEARNING_DRAFTERS else {}
+        drafter = engine.drafter(parsed.name, **scope, **parsed.drafter_options())
         planner = Planner()
         sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
         for category, prompt, output in todo:

@@ -17,7 +17,8 @@ drafter's candidates per node, the trained drafters' per drafted position: 1 dra
 more drafts trees), ``k_max`` (the most drafts ``k=auto`` may choose a round; the engine's
 default otherwise), ``kernels`` (where the head's layers run: auto, off = torch, or a kernel
 format q8_0, bf16, f32), ``spec_factor``, ``min_score`` and ``max_match`` (the suffix
-drafter's longest draft per matched token, its score floor, and the longest match it measures).
+drafter's longest draft per matched token, its score floor, and the longest match it measures),
+``phrases`` (the suffix drafter's phrase table: auto, off or a table file).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -39,7 +40,7 @@ PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
 VERISPEC_OPTIONS = {
     *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels"),
-    *("spec_factor", "min_score", "max_match"),
+    *("spec_factor", "min_score", "max_match", "phrases"),
 }
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
@@ -101,6 +102,8 @@ class BenchConfig:
                 options[f"suffix_{key}"] = self.float_option(key)
         if "max_match" in self.options:
             options["suffix_max_match"] = self.int_option("max_match", 1)
+        if "phrases" in self.options:
+            options["suffix_phrases"] = self.options["phrases"]
         return options
 
     def k_option(self, default: int | str) -> int | str:

@@ -27,7 +27,14 @@ LEARNING_DRAFTERS = frozenset({"suffix"})
 # one fails instead of being ignored. The engine-wide options (``Engine.drafter_options``, the
 # same for every drafter) are not checked. ``scope`` keys a learning drafter's instance.
 _TRAINED = ("drafter_weights", "min_confidence", "draft_branches")
-_SUFFIX = ("suffix_cache_tokens", "suffix_max_match", "suffix_min_score", "suffix_branches", "suffix_spec_factor")
+_SUFFIX = (
+    "suffix_cache_tokens",
+    "suffix_max_match",
+    "suffix_min_score",
+    "suffix_branches",
+    "suffix_spec_factor",
+    "suffix_phrases",
+)
 DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "lookup": frozenset({"max_ngram", "min_ngram"}),

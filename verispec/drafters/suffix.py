@@ -31,12 +31,20 @@ the nodes a round verifies (``verispec.tree_sizing``: the main chain as it would
 alternative where its chance pays for its row). The engine verifies a tree in one pass
 (``verispec.accept_tree``) where the target can (``verify_tree``), else the tree's main chain.
 
+Where neither store has anything to propose, the target's own phrases do (option
+``suffix_phrases``; ``verispec.drafters.phrases``): a table, built from the target's
+self-distilled answers, of what most often followed each context of 4, 3 or 2 tokens. It
+drafts the generic stretches that no earlier text of the request holds ("Here are some",
+list markup, the model's set phrases); the table shipped for the embedded model is used with
+it by default ("auto").
+
 Drafts are deterministic, so q is a point mass. A proposal's source is (match length bucket,
-first frequency bucket, whether it rests on the cache alone): the governor keeps acceptance
-estimates per source, as it does for lookup's n. A match in earlier requests alone is weaker
-evidence than one in the request itself (on the dev prompts, where requests share little, such
-drafts were accepted less often and drafting them cost more than the cache gave); as a source
-of its own, the governor drafts it where it has been right and shadows it where not.
+first frequency bucket, which store it rests on: the request, the cache alone, or the phrase
+table): the governor keeps acceptance estimates per source, as it does for lookup's n. A match
+in earlier requests alone is weaker evidence than one in the request itself (on the dev
+prompts, where requests share little, such drafts were accepted less often and drafting them
+cost more than the cache gave); as a source of its own, the governor drafts it where it has
+been right and shadows it where not.
 Proposing is a read (``pure_proposals``): a chain of k tokens is the first k of a longer one,
 because the walk does not depend on k.
 
@@ -47,15 +55,18 @@ The cache never mixes scopes: the server gives each API key's requests a drafter
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
 from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError
+from verispec.drafters.phrases import SHIPPED, PhraseTable
 from verispec.sampling import SamplingParams
 
 KEY = 3  # index keys: the last 1..KEY tokens of an occurrence
@@ -257,6 +268,7 @@ class Walk:
     frequencies: list[float]
     parents: list[int] = field(default_factory=list)
     cached_only: bool = False  # the node's occurrences are all in the cache, none in the request
+    phrases: bool = False  # drafted from the phrase table (``match``: its context length)
 
     @property
     def scores(self) -> list[float]:
@@ -496,12 +508,17 @@ def _grow(found: Walk, token: int, frequency: float) -> None:
     found.frequencies.append(frequency)
 
 
+REQUEST, CACHE, PHRASES = 0, 1, 2  # which store a proposal rests on (``source_of``)
+
+
 def source_of(found: Walk) -> tuple[int, int, int]:
     """The governor's key for a proposal: (match bucket, 1 if its first token is near sure,
-    1 if it rests on the cache alone)."""
+    the store it rests on: REQUEST (the request's own, the cache's beside it or not), CACHE
+    (the cache alone) or PHRASES)."""
     match = max(b for b in MATCH_BUCKETS if b <= max(1, found.match))
     first = found.frequencies[0] if found.frequencies else 0.0
-    return match, int(first >= SURE), int(found.cached_only)
+    store = PHRASES if found.phrases else CACHE if found.cached_only else REQUEST
+    return match, int(first >= SURE), store
 
 
 class SuffixDrafter:
@@ -517,6 +534,7 @@ class SuffixDrafter:
         min_score: float = DEFAULT_MIN_SCORE,
         branches: int = 1,
         spec_factor: float = DEFAULT_SPEC_FACTOR,
+        phrases: PhraseTable | None = None,
     ) -> None:
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
             raise DrafterError(f"suffix needs max_match >= 1, got {max_match!r}")
@@ -528,6 +546,7 @@ class SuffixDrafter:
             raise DrafterError(f"suffix needs spec_factor > 0 (draft tokens per matched token), got {spec_factor!r}")
         self.spec_factor = spec_factor
         self.cache = cache if cache is not None else SuffixCache()
+        self.phrases = phrases  # read-only, shared by forks
         self.max_match, self.min_score, self.branches = max_match, min_score, branches
         self.local = _Local()
         self.last: Walk | None = None  # the latest proposal's walk (for tests and reports)
@@ -540,6 +559,7 @@ class SuffixDrafter:
             min_score=self.min_score,
             branches=self.branches,
             spec_factor=self.spec_factor,
+            phrases=self.phrases,
         )
 
     def reset(self) -> None:
@@ -557,6 +577,8 @@ class SuffixDrafter:
         if k <= 0 or self.local.size == 0:
             return NO_DRAFT
         found = self.search(k)
+        if not found.tokens and self.phrases is not None:
+            found = self.phrase_walk(k)
         self.last = found
         if not found.tokens:
             return NO_DRAFT
@@ -614,6 +636,13 @@ class SuffixDrafter:
         _follow_runs(found, runs, depth, 1.0, self.min_score)
         return found
 
+    def phrase_walk(self, k: int) -> Walk:
+        """The phrase table's chain after the context (``match``: the context length its first
+        token rested on; ``count`` 0: the table keeps no occurrences)."""
+        assert self.phrases is not None
+        tokens, frequencies, order = self.phrases.chain(self.local.ids, k, self.min_score)
+        return Walk(tokens, order, 0, frequencies, list(range(-1, len(tokens) - 1)), phrases=True)
+
     def _search_arrays(self, k: int, n: int, found: Stores) -> Walk:
         """``search`` for many occurrences (or a tree), on arrays: ``found`` holds each store
         with the occurrences of the longest key (``n`` tokens) that has any, the request's own
@@ -659,4 +688,36 @@ def _build(context: DrafterContext) -> SuffixDrafter:
         min_score=context.option("suffix_min_score", DEFAULT_MIN_SCORE),
         branches=context.option("suffix_branches", 1),
         spec_factor=context.option("suffix_spec_factor", DEFAULT_SPEC_FACTOR),
+        phrases=phrase_table(context.option("suffix_phrases", "auto"), context.target),
     )
+
+
+def phrase_table(option: object, target: object) -> PhraseTable | None:
+    """The ``suffix_phrases`` option: "auto" (the table shipped for the embedded model, where
+    ``target`` is it: the same name and vocabulary size), "off", or a table file's path (its
+    ids checked against the target's vocabulary)."""
+    if not isinstance(option, str | Path) or not str(option):
+        raise DrafterError(f'suffix_phrases is "auto", "off" or a phrase table file, got {option!r}')
+    vocab_size = getattr(target, "vocab_size", None)
+    if option == "off":
+        return None
+    if option == "auto":
+        if not SHIPPED.is_file():
+            return None
+        table = _load(SHIPPED)
+        made_for = table.header.get("target", {})
+        same = made_for.get("name") == getattr(target, "name", None) and made_for.get("vocab_size") == vocab_size
+        return table if same else None
+    path = Path(option).expanduser()
+    if not path.is_file():
+        raise DrafterError(f'suffix_phrases: no phrase table at {path} (build one with "verispec train-data phrases")')
+    table = _load(path.resolve())
+    if isinstance(vocab_size, int):
+        table.check_vocabulary(vocab_size)
+    return table
+
+
+@functools.cache
+def _load(path: Path) -> PhraseTable:
+    """One copy per file and process: a table is read-only, and every scope's drafter shares it."""
+    return PhraseTable.load(path)

@@ -1,7 +1,9 @@
-"""``verispec train-data``: grow a drafter's training-data directory, and show what it holds.
+"""``verispec train-data``: grow a drafter's training-data directory, show what it holds, and
+build the suffix drafter's phrase table from it.
 
     verispec train-data grow DIR --source passages --tokens 500000 --temperature 1
     verispec train-data show DIR
+    verispec train-data phrases DIR --out table.npz
 
 ``grow`` loads the target on the native backend with ``--running`` sequences and answers the
 source's prompts in shared passes (``verispec.train.shards``); rerun it with a larger
@@ -44,6 +46,17 @@ def add_data_parser(commands: Any) -> None:
     show.set_defaults(run=run_show)
     listing = actions.add_parser("sources", help="the prompt sources, their sizes and licences")
     listing.set_defaults(run=run_sources)
+    phrases = actions.add_parser(
+        "phrases",
+        help="build the suffix drafter's phrase table from the answers (drafter option suffix_phrases=FILE)",
+    )
+    phrases.add_argument("dirs", nargs="+", help="data directories of the target")
+    phrases.add_argument("--out", required=True, help="the table file to write (.npz)")
+    phrases.add_argument("--temperature", type=float, default=0.0, help="answers generated at it (0: greedy)")
+    phrases.add_argument("--orders", type=int, nargs="+", default=None, help="context lengths (default 4 3 2)")
+    phrases.add_argument("--min-count", type=int, default=None, help="contexts seen fewer times are left out")
+    phrases.add_argument("--target", default=None, help="GGUF file or model directory (default: embedded)")
+    phrases.set_defaults(run=run_phrases)
 
 
 def run_grow(args: argparse.Namespace) -> int:
@@ -141,4 +154,61 @@ def run_sources(args: argparse.Namespace) -> int:
     for name, derived in derived_sources().items():
         table.add_row(name, f"one per answer of {', '.join(derived.parents)}", derived.licence)
     Console(highlight=False).print(table)
+    return 0
+
+
+def run_phrases(args: argparse.Namespace) -> int:
+    """The phrase table of every answer at ``--temperature`` in the directories (responses
+    only: the prompts are not the target's words), for the target the data is of."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from verispec.api import load_engine
+    from verispec.drafters.base import DrafterError
+    from verispec.drafters.phrases import DEFAULT_MIN_COUNT, DEFAULT_ORDERS, PhraseTable
+    from verispec.train.shards import DataDir, ShardError
+
+    console = Console(stderr=True, highlight=False)
+    began = time.perf_counter()
+    engine = load_engine(args.target, backend="native")
+    target: Any = engine.target
+    documents: list[list[int]] = []
+    sources: dict[str, int] = {}
+    try:
+        for root in args.dirs:
+            data = DataDir(Path(root))  # read only: no target.json is written here
+            if data.fingerprint is None:
+                raise ShardError(f"{root} holds no training data (no target.json)")
+            if data.fingerprint != target.weights_fingerprint():
+                raise ShardError(f"{root} holds data of another target (weights {data.fingerprint[:12]})")
+            for info in data.shards():
+                if info.settings["temperature"] != args.temperature:
+                    continue
+                for _, response in data.sequences([info]):
+                    documents.append(response)
+                    sources[info.source] = sources.get(info.source, 0) + len(response)
+        if not documents:
+            raise ShardError(f"no answers at temperature {args.temperature:g} in {', '.join(args.dirs)}")
+        table = PhraseTable.build(
+            documents,
+            orders=args.orders or DEFAULT_ORDERS,
+            min_count=DEFAULT_MIN_COUNT if args.min_count is None else args.min_count,
+            header={
+                "target": {
+                    "name": target.name,
+                    "vocab_size": target.vocab_size,
+                    "weights_sha256": target.weights_fingerprint(),
+                },
+                "built_from": {"temperature": args.temperature, "response_tokens_by_source": sources},
+            },
+        )
+    except (ShardError, DrafterError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        return 2
+    table.save(Path(args.out))
+    console.print(
+        f"{args.out}: {len(table):,} contexts from {len(documents):,} answers "
+        f"({sum(sources.values()):,} tokens), {time.perf_counter() - began:.0f} s"
+    )
     return 0
