@@ -7,11 +7,15 @@ first turns, 64 in category order), as chat messages, greedy, ``--max-tokens`` e
 ``--clients`` clients sends its next request as soon as its last one finishes, for
 ``--duration`` seconds; then the requests in flight finish. A run's tokens/s is the tokens of
 finished requests over its wall time, drain included, as in ``serve_load.py``. Configurations
-(drafter names; all but ``none`` with ``k`` auto) alternate run by run, ``--pairs`` rounds of
-them, after one untimed request each. Also printed: the seconds spent in forward passes and
-outside them (the planner, governor, drafters and rule between passes). On a 2-core machine
-this is what the engine gives with nothing else on the cores; the HTTP figures are lower by
-what the server's event loop and the benchmark's client take.
+(drafters as the bench writes them, ``NAME[:option=value,...]``, e.g. ``suffix:cache=0``; all
+but ``none`` with ``k`` auto) alternate run by run, ``--pairs`` rounds of them, after one
+untimed request each. Each run has a drafter of its own: ``suffix``'s cache of earlier
+requests starts empty, so a run never drafts from an earlier run's answers (the prompts
+repeat every 64 requests within a run, as they do in ``serve_load.py``). Also printed: the
+seconds spent in forward passes and outside them (the planner, governor, drafters and rule
+between passes). On a 2-core machine this is what the engine gives with nothing else on the
+cores; the HTTP figures are lower by what the server's event loop and the benchmark's client
+take.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from verispec.api import load_engine
+from verispec.bench.configs import parse_config
+from verispec.drafters.base import Drafter
+from verispec.drafters.registry import drafter_names
 from verispec.engine import Engine, Request
 from verispec.prompts import load_prompts, round_robin
 from verispec.sampling import SamplingParams
@@ -32,17 +39,24 @@ from verispec.scheduler import Running, Scheduler
 SLOTS = 16  # the server's default --max-running
 
 
-def request(engine: Engine, prompt: str, drafter: str, max_tokens: int) -> Request:
+def drafter_of(engine: Engine, config: str) -> Drafter:
+    """A new drafter of ``config`` (``NAME[:option=value,...]``), kept apart from the engine's."""
+    parsed = parse_config(config, drafter_names())
+    return engine.drafter(parsed.name, fresh=True, **parsed.drafter_options())
+
+
+def request(engine: Engine, prompt: str, drafter: Drafter, max_tokens: int) -> Request:
     ids = engine.encode([{"role": "user", "content": prompt}], chat=True)
-    options: dict[str, Any] = {"drafter": drafter} if drafter == "none" else {"drafter": drafter, "k": "auto"}
-    return engine.request(ids, params=SamplingParams(temperature=0.0, max_tokens=max_tokens), **options)
+    k: dict[str, Any] = {} if drafter.name == "none" else {"k": "auto"}
+    return engine.request(ids, params=SamplingParams(temperature=0.0, max_tokens=max_tokens), drafter=drafter, **k)
 
 
 def run_point(
-    engine: Engine, scheduler: Scheduler, prompts: list[str], drafter: str, args: argparse.Namespace
+    engine: Engine, scheduler: Scheduler, prompts: list[str], config: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One run of ``args.clients`` closed-loop clients: tokens/s and where the time went."""
     sent = 0
+    drafter = drafter_of(engine, config)  # the scheduler forks it for each request
 
     def start() -> Running:
         nonlocal sent
@@ -68,7 +82,7 @@ def run_point(
                     running.append(start())
     wall = time.perf_counter() - began
     return {
-        "config": drafter,
+        "config": config,
         "clients": args.clients,
         "tokens_per_s": tokens / wall,
         "tokens": tokens,
@@ -84,7 +98,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16, help=f"at most {SLOTS} (default 16)")
     parser.add_argument("--duration", type=float, default=25.0, help="seconds of sending per run")
     parser.add_argument("--pairs", type=int, default=2, help="rounds of alternating configurations")
-    parser.add_argument("--configs", nargs="+", default=["none", "lookup"], help="drafters; the first is the base")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["none", "lookup"],
+        help="drafters, NAME[:option=value,...]; the first is the base",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", default=None, help="Spec-Bench JSONL (default: the shared dev set)")
     parser.add_argument("--model", default=None, help="default: the embedded model")
@@ -95,17 +114,17 @@ def main() -> None:
     engine = load_engine(args.model, slots=SLOTS)
     scheduler = Scheduler(engine, max_running=SLOTS)
     prompts = [p.text for p in round_robin(load_prompts(args.prompts), 64)]
-    for drafter in args.configs:  # untimed: first-call costs, the governor's calibration
-        warm = scheduler.start(request(engine, prompts[0], drafter, 8))
+    for config in args.configs:  # untimed: first-call costs, the governor's calibration
+        warm = scheduler.start(request(engine, prompts[0], drafter_of(engine, config), 8))
         while not warm.finished:
             scheduler.step()
     runs = []
     for _ in range(args.pairs):
-        for drafter in args.configs:
-            row = run_point(engine, scheduler, prompts, drafter, args)
+        for config in args.configs:
+            row = run_point(engine, scheduler, prompts, config, args)
             runs.append(row)
             print(
-                f"{row['clients']:>3} clients  {drafter:<8} {row['tokens_per_s']:7.1f} tok/s  finished "
+                f"{row['clients']:>3} clients  {config:<8} {row['tokens_per_s']:7.1f} tok/s  finished "
                 f"{row['finished']:>4}  wall {row['wall_s']:5.1f} s  outside passes {row['outside_passes_s']:4.2f} s",
                 flush=True,
             )

@@ -47,3 +47,16 @@ def test_more_clients_than_slots_are_refused(closed_loop, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["closed_loop.py", "--clients", "17"])
     with pytest.raises(SystemExit):
         closed_loop.main()
+
+
+def test_configurations_take_options_and_every_run_gets_a_fresh_drafter(closed_loop, tmp_path):
+    from verispec.api import load_engine
+    from verispec.bench.configs import BenchConfigError
+
+    engine = load_engine(str(chat_model(tmp_path / "chat")))
+    first = closed_loop.drafter_of(engine, "suffix:cache=0,phrases=off")
+    assert first.cache.capacity == 0 and first.phrases is None
+    second = closed_loop.drafter_of(engine, "suffix:cache=0,phrases=off")
+    assert second is not first and second.cache is not first.cache  # no run drafts from another's answers
+    with pytest.raises(BenchConfigError):
+        closed_loop.drafter_of(engine, "lookup:nonsense=1")
