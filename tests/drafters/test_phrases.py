@@ -83,6 +83,8 @@ def test_a_chain_multiplies_frequencies_and_stops_at_the_floor_or_k():
     assert table.chain([1, 2], 8, min_score=0.8)[0] == [3]  # 0.75 is below the floor
     assert table.chain([1, 2], 2, min_score=0.0)[0] == [3, 4]
     assert table.chain([9, 9], 4, min_score=0.0) == ([], [], 0)
+    longer = PhraseTable.build([[7, 1, 2, 3, 4]] * 2, orders=(4, 2), min_count=2)
+    assert longer.chain([7, 1, 2], 2, min_score=0.0) == ([3, 4], [1.0, 1.0], 2)  # shorter than 4: all of it
 
 
 def test_files_round_trip_and_bad_ones_are_refused(tmp_path):

@@ -147,7 +147,7 @@ class PhraseTable:
         """Up to ``k`` tokens to follow ``context``, each the table's continuation of what came
         before it, while the product of their frequencies is at least ``min_score``; with each
         token's frequency, and the context length the first one rested on (0: none)."""
-        tail = list(context[len(context) - self.longest :])
+        tail = list(context[max(0, len(context) - self.longest) :])
         tokens: list[int] = []
         frequencies: list[float] = []
         first, score = 0, 1.0
