@@ -160,7 +160,7 @@ class PhraseTable:
             tokens.append(token)
             frequencies.append(frequency)
             first = first or n
-            tail = [*tail[1:], token] if len(tail) == self.longest else [*tail, token]
+            tail = [*tail, token][-self.longest :]
         return tokens, frequencies, first
 
     def check_vocabulary(self, vocab_size: int) -> None:

@@ -173,6 +173,7 @@ def run_phrases(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     engine = load_engine(args.target, backend="native")
     target: Any = engine.target
+    fingerprint = target.weights_fingerprint()
     documents: list[list[int]] = []
     sources: dict[str, int] = {}
     try:
@@ -180,7 +181,7 @@ def run_phrases(args: argparse.Namespace) -> int:
             data = DataDir(Path(root))  # read only: no target.json is written here
             if data.fingerprint is None:
                 raise ShardError(f"{root} holds no training data (no target.json)")
-            if data.fingerprint != target.weights_fingerprint():
+            if data.fingerprint != fingerprint:
                 raise ShardError(f"{root} holds data of another target (weights {data.fingerprint[:12]})")
             for info in data.shards():
                 if info.settings["temperature"] != args.temperature:
@@ -198,7 +199,7 @@ def run_phrases(args: argparse.Namespace) -> int:
                 "target": {
                     "name": target.name,
                     "vocab_size": target.vocab_size,
-                    "weights_sha256": target.weights_fingerprint(),
+                    "weights_sha256": fingerprint,
                 },
                 "built_from": {"temperature": args.temperature, "response_tokens_by_source": sources},
             },
