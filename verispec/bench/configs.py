@@ -40,7 +40,7 @@ PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
 VERISPEC_OPTIONS = {
     *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels"),
-    *("spec_factor", "min_score", "max_match", "phrases"),
+    *("spec_factor", "min_score", "max_match", "phrases", "native"),
 }
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
@@ -104,6 +104,8 @@ class BenchConfig:
             options["suffix_max_match"] = self.int_option("max_match", 1)
         if "phrases" in self.options:
             options["suffix_phrases"] = self.options["phrases"]
+        if "native" in self.options:
+            options["suffix_native"] = self.options["native"]
         return options
 
     def k_option(self, default: int | str) -> int | str:

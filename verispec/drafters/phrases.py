@@ -27,6 +27,7 @@ and what it was built from.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,8 @@ class PhraseTable:
 
     orders: dict[int, Order]
     header: dict[str, Any] = field(default_factory=dict)
+    _native: Any = field(default=None, init=False, repr=False, compare=False)
+    _native_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     @property
     def longest(self) -> int:
@@ -162,6 +165,21 @@ class PhraseTable:
             first = first or n
             tail = [*tail, token][-self.longest :]
         return tokens, frequencies, first
+
+    def native_index(self) -> Any:
+        """The table as hash tables in C++ (``csrc/drafting.cpp``: ``chain(doc, size, k,
+        min_score)`` gives ``chain``'s result after the first ``size`` ids of the int64 array
+        ``doc``), built on first use and kept; None where the drafting helpers did not build."""
+        with self._native_lock:
+            if self._native is None:
+                from verispec.native import kernels
+
+                module = kernels.load_drafting()
+                if module is None:
+                    return None
+                parts = [(n, o.keys, o.tokens, o.counts, o.totals) for n, o in self.orders.items()]
+                self._native = module.Phrases(parts)
+            return self._native
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """``DrafterError`` where the table proposes ids the target does not have."""

@@ -34,6 +34,7 @@ _SUFFIX = (
     "suffix_branches",
     "suffix_spec_factor",
     "suffix_phrases",
+    "suffix_native",
 )
 DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
     "none": frozenset(),

@@ -48,6 +48,12 @@ been right and shadows it where not.
 Proposing is a read (``pure_proposals``): a chain of k tokens is the first k of a longer one,
 because the walk does not depend on k.
 
+Chains walk in C++ where the drafting helpers built (``verispec/native/csrc/drafting.cpp``,
+option ``suffix_native``): the request's document lives there and one call a round brings it up
+to the context and walks, since a proposal runs with caches that the forward pass just flushed
+and every Python object it touches costs a miss. The Python walks below are the reference the
+C++ equals (tests/drafters/test_native_drafting.py) and run for trees and where no compiler is.
+
 The cache never mixes scopes: the server gives each API key's requests a drafter of their own
 (``scope`` option), so one key's prompts never become another key's drafts.
 """
@@ -61,6 +67,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -146,6 +153,7 @@ class SuffixCache:
         self._next: Positions = np.zeros(0, dtype=np.int64)
         self._starts: list[int] = []  # where each document starts, oldest first
         self._lock = threading.Lock()
+        self.snapshot = self.arrays()
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -186,6 +194,7 @@ class SuffixCache:
             self.tokens = tokens
             self._starts.append(base)
             self._evict()
+            self.snapshot = (self.tokens, self._sorted_keys, self._next)
 
     def clear(self) -> None:
         with self._lock:
@@ -193,6 +202,14 @@ class SuffixCache:
             self._sorted_keys = np.zeros(0, dtype=np.int64)
             self._next = np.zeros(0, dtype=np.int64)
             self._starts = []
+            self.snapshot = (self.tokens, self._sorted_keys, self._next)
+
+    def arrays(self) -> tuple[NDArray[np.int64], NDArray[np.int64], Positions]:
+        """(tokens, sorted keys, the position after each key's n-gram), read under one lock
+        (see ``find``): what the C++ chain searches. ``snapshot`` holds the same triple, replaced
+        whole under the lock at every change: one attribute read, no lock, for each proposal."""
+        with self._lock:
+            return self.tokens, self._sorted_keys, self._next
 
     def _evict(self) -> None:
         if len(self) <= self.capacity:
@@ -254,6 +271,34 @@ class _Local:
 
     def occurrences(self, tail: tuple[int, ...]) -> Positions:
         return np.asarray(self.index.get(tail, ())[-MAX_CANDIDATES:], dtype=np.int64)
+
+
+class _NativeLocal:
+    """The request's document held in C++ (``core.Suffix``, what the C++ walks read), with
+    ``_Local``'s attributes as copies (for reports and tests) and no index."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        state.clear()
+
+    @property
+    def size(self) -> int:
+        return int(self.state.size)
+
+    @property
+    def tokens(self) -> NDArray[np.int64]:
+        return np.asarray(self.state.tokens())
+
+    @property
+    def buffer(self) -> NDArray[np.int64]:
+        return self.tokens
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self.tokens.tolist())
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        self.state.extend(new_tokens)
 
 
 @dataclass(frozen=True)
@@ -458,7 +503,7 @@ def chain(stores: Stores, k: int, min_score: float, match: int) -> Walk:
     score = 1.0
     while len(found.tokens) < k and sum(int(p.shape[0]) for _, _, p in live) > FEW_OCCURRENCES:
         total, children = _many_continuations([(store, positions) for _, store, positions in live], 1)
-        if not children or score * children[0][1] / total < min_score:
+        if not children or score * (children[0][1] / total) < min_score:  # as _follow_runs rounds it
             return found
         token, child_count, advanced = children[0]
         score *= child_count / total
@@ -515,10 +560,16 @@ def source_of(found: Walk) -> tuple[int, int, int]:
     """The governor's key for a proposal: (match bucket, 1 if its first token is near sure,
     the store it rests on: REQUEST (the request's own, the cache's beside it or not), CACHE
     (the cache alone) or PHRASES)."""
-    match = max(b for b in MATCH_BUCKETS if b <= max(1, found.match))
     first = found.frequencies[0] if found.frequencies else 0.0
-    store = PHRASES if found.phrases else CACHE if found.cached_only else REQUEST
-    return match, int(first >= SURE), store
+    return _source(found.match, first, PHRASES if found.phrases else CACHE if found.cached_only else REQUEST)
+
+
+# The bucket of each match length up to the last bucket's: the largest bucket <= it (0 as 1).
+_BUCKET_OF = [max(b for b in MATCH_BUCKETS if b <= max(1, m)) for m in range(MATCH_BUCKETS[-1] + 1)]
+
+
+def _source(match: int, first: float, store: int) -> tuple[int, int, int]:
+    return _BUCKET_OF[min(match, MATCH_BUCKETS[-1])], int(first >= SURE), store
 
 
 class SuffixDrafter:
@@ -535,7 +586,10 @@ class SuffixDrafter:
         branches: int = 1,
         spec_factor: float = DEFAULT_SPEC_FACTOR,
         phrases: PhraseTable | None = None,
+        native: bool | None = None,
     ) -> None:
+        """``native``: walk chains with the C++ helpers (True: required, an error where they
+        did not build; None: where they built; False: the Python walks, the reference)."""
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
             raise DrafterError(f"suffix needs max_match >= 1, got {max_match!r}")
         if not 0.0 <= min_score <= 1.0:
@@ -548,8 +602,27 @@ class SuffixDrafter:
         self.cache = cache if cache is not None else SuffixCache()
         self.phrases = phrases  # read-only, shared by forks
         self.max_match, self.min_score, self.branches = max_match, min_score, branches
-        self.local = _Local()
-        self.last: Walk | None = None  # the latest proposal's walk (for tests and reports)
+        self.core = _core(native)
+        # The C++ helpers walk chains (a tree walks in Python), with the table's hash tables.
+        self.native_chains = self.core is not None and branches == 1
+        self.phrase_index = phrases.native_index() if phrases is not None and self.core is not None else None
+        self.state = None  # the request in C++ (native chains)
+        self._cache_seen: object = None  # the cache snapshot ``state`` reads
+        if self.native_chains:
+            self.state = self.core.Suffix(
+                min_score, max_match, spec_factor, KEY, MAX_CANDIDATES, TOKEN_BITS, self.phrase_index
+            )
+        self.local: _Local | _NativeLocal = self._new_local()
+        self._last: Walk | tuple[list[int], list[float], int, int, int] | None = None
+
+    @property
+    def last(self) -> Walk | None:
+        """The latest proposal's walk (for tests and reports)."""
+        if isinstance(self._last, tuple):  # the C++ chain's (tokens, frequencies, match, count, store)
+            tokens, frequencies, match, count, store = self._last
+            parents = list(range(-1, len(tokens) - 1))
+            self._last = Walk(tokens, match, count, frequencies, parents, store == CACHE, store == PHRASES)
+        return self._last
 
     def fork(self, target: object) -> SuffixDrafter:
         """A drafter for another request at the same time: its own document, the same cache."""
@@ -560,38 +633,62 @@ class SuffixDrafter:
             branches=self.branches,
             spec_factor=self.spec_factor,
             phrases=self.phrases,
+            native=self.core is not None,
         )
+
+    def _new_local(self) -> _Local | _NativeLocal:
+        return _NativeLocal(self.state) if self.state is not None else _Local()
 
     def reset(self) -> None:
         """The request ended (or a new one begins): its document joins the cache."""
         if self.local.size:
             self.cache.add(self.local.tokens.tolist())
-        self.local = _Local()
+        self.local = self._new_local()
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         self.reset()
         self.local.extend(prompt_ids)
 
     def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        if self.state is not None:
+            return self._native_propose(context, k)
         self._sync(context)
         if k <= 0 or self.local.size == 0:
             return NO_DRAFT
         found = self.search(k)
         if not found.tokens and self.phrases is not None:
             found = self.phrase_walk(k)
-        self.last = found
+        self._last = found
         if not found.tokens:
             return NO_DRAFT
         parents = found.parents if self.branches > 1 else None
         return Draft(found.tokens, source=source_of(found), parents=parents, frequencies=found.frequencies)
+
+    def _native_propose(self, context: Sequence[int], k: int) -> Draft:
+        """``propose`` in one C++ call (``csrc/drafting.cpp``: the document brought up to the
+        context, the chain, the phrase table's fallback). A proposal runs between passes that
+        flush the caches, and each Python object it touches is a miss: this path builds only the
+        Draft."""
+        found = self._native_state().propose(context, k)
+        if found is None:  # k <= 0 or nothing read yet
+            return NO_DRAFT
+        self._last = found
+        drafted, frequencies, match, _, store = found
+        if not drafted:
+            return NO_DRAFT
+        return Draft(drafted, source=_source(match, frequencies[0], store), frequencies=frequencies)
 
     def search(self, k: int) -> Walk:
         """The walk from the deepest node the context reaches in either store.
 
         The usual case, FEW_OCCURRENCES or fewer occurrences of the context's last tokens,
         runs on lists: a proposal is asked for every round, next to a step of a few
-        milliseconds, and array calls on a handful of positions would cost most of it."""
+        milliseconds, and array calls on a handful of positions would cost most of it. Chains
+        walk in C++ where the helpers built (``native_search``): the same walk."""
+        if self.native_chains:
+            return self.native_search(k)
         local = self.local
+        assert isinstance(local, _Local)
         ids, size = local.ids, local.size
         store, cached, own = self.cache.tokens, np.zeros(0, dtype=np.int64), []
         for n in range(min(KEY, size), 0, -1):
@@ -636,11 +733,28 @@ class SuffixDrafter:
         _follow_runs(found, runs, depth, 1.0, self.min_score)
         return found
 
+    def _native_state(self) -> Any:
+        """``state``, reading the cache's current arrays."""
+        assert self.state is not None
+        snapshot = self.cache.snapshot
+        if snapshot is not self._cache_seen:  # a request ended: the cache's arrays were replaced
+            self.state.set_cache(*snapshot)
+            self._cache_seen = snapshot
+        return self.state
+
+    def native_search(self, k: int) -> Walk:
+        """``search`` for a chain, in C++ (``csrc/drafting.cpp``)."""
+        drafted, frequencies, match, count, store = self._native_state().search(k)
+        return Walk(drafted, match, count, frequencies, list(range(-1, len(drafted) - 1)), store == CACHE)
+
     def phrase_walk(self, k: int) -> Walk:
         """The phrase table's chain after the context (``match``: the context length its first
         token rested on; ``count`` 0: the table keeps no occurrences)."""
         assert self.phrases is not None
-        tokens, frequencies, order = self.phrases.chain(self.local.ids, k, self.min_score)
+        if self.phrase_index is not None:
+            tokens, frequencies, order = self.phrase_index.chain(self.local.buffer, self.local.size, k, self.min_score)
+        else:
+            tokens, frequencies, order = self.phrases.chain(self.local.ids, k, self.min_score)
         return Walk(tokens, order, 0, frequencies, list(range(-1, len(tokens) - 1)), phrases=True)
 
     def _search_arrays(self, k: int, n: int, found: Stores) -> Walk:
@@ -669,13 +783,40 @@ class SuffixDrafter:
         self._sync(context)
 
     def _sync(self, context: Sequence[int]) -> None:
+        if self.state is not None:
+            self.state.sync(context)
+            return
         local = self.local
         known = local.size
         if len(context) >= known and (known == 0 or context[known - 1] == local.ids[-1]):
             local.extend(context[known:])
         else:  # not an extension of what we hold: start the document over (nothing cached)
-            self.local = _Local()
+            self.local = self._new_local()
             self.local.extend(context)
+
+
+def native_choice(option: object) -> bool | None:
+    """The ``suffix_native`` option: "auto" (the C++ walks where they built: None), "on" (always;
+    an error where they did not build: True) or "off" (the Python walks: False)."""
+    for text, choice in (("auto", None), ("on", True), ("off", False)):
+        if option == text or (choice is not None and option is choice):
+            return choice
+    raise DrafterError(f"suffix_native is auto, on or off, got {option!r}")
+
+
+def _core(native: bool | None) -> Any:
+    """The C++ drafting helpers as ``native`` asks (see ``SuffixDrafter``), or None."""
+    if native not in (None, True, False):
+        raise DrafterError(f"suffix_native is auto, on or off, got {native!r}")
+    if native is False:
+        return None
+    from verispec.native import kernels
+
+    module = kernels.load_drafting()
+    if module is None and native:
+        reason = kernels.drafting_error() or "VERISPEC_NATIVE_DRAFTING=0"
+        raise DrafterError(f"suffix: the C++ drafting helpers are not available ({reason})")
+    return module
 
 
 def _build(context: DrafterContext) -> SuffixDrafter:
@@ -689,6 +830,7 @@ def _build(context: DrafterContext) -> SuffixDrafter:
         branches=context.option("suffix_branches", 1),
         spec_factor=context.option("suffix_spec_factor", DEFAULT_SPEC_FACTOR),
         phrases=phrase_table(context.option("suffix_phrases", "auto"), context.target),
+        native=native_choice(context.option("suffix_native", "auto")),
     )
 
 

@@ -1,11 +1,14 @@
-"""Building and loading the native decoder's C++ kernels (``csrc/decoder.cpp``).
+"""Building and loading verispec's C++ extensions: the native decoder's kernels
+(``csrc/decoder.cpp``) and the drafters' helpers (``csrc/drafting.cpp``).
 
 The kernels are compiled once per machine with the machine's own compiler, for its own CPU
 (``-march=native``: AVX2 and FMA where present, a portable scalar path elsewhere), by
 ``torch.utils.cpp_extension``; the build is cached under the verispec cache directory, keyed
 by the source, the flags, the torch version and the CPU, so later loads take milliseconds.
-``make install`` builds it ahead of use. Where no compiler works, ``load`` returns None with
-the reason in ``build_error()`` and the decoder runs its torch path instead (slower).
+``make install`` builds both ahead of use. Where no compiler works, ``load`` returns None with
+the reason in ``build_error()`` and the decoder runs its torch path instead (slower); likewise
+``load_drafting`` / ``drafting_error()``, and the drafters run their Python walks (the reference
+the C++ must equal).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder.cpp"
+DRAFTING_SOURCE = Path(__file__).parent / "csrc" / "drafting.cpp"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c++17"]
 LDFLAGS = ["-fopenmp"]
 STALE_LOCK_SECONDS = 1800.0  # a build lock this old was left by a build that died
 
 _lock = threading.Lock()
-_module: ModuleType | None = None
-_error: str | None = None
+_modules: dict[str, ModuleType] = {}  # by source name, once built or loaded
+_errors: dict[str, str] = {}  # by source name, why it could not be
 build_seconds: float | None = None  # of the last build in this process (None: loaded from cache or not built)
 
 
@@ -40,53 +44,72 @@ def _cpu_signature() -> str:
         return platform.processor() or platform.machine()
 
 
-def build_key() -> str:
+def build_key(source: Path | None = None) -> str:
+    """The build's key for ``source`` (default: the decoder's)."""
     import torch
 
+    source = SOURCE if source is None else source
     digest = hashlib.sha256()
     # The source's path too: the build files record it, so checkouts sharing a build folder
     # would rebuild in turn, each waiting on the other's lock.
-    parts = (SOURCE.read_bytes(), str(SOURCE.resolve()).encode(), " ".join(CFLAGS + LDFLAGS).encode())
+    parts = (source.read_bytes(), str(source.resolve()).encode(), " ".join(CFLAGS + LDFLAGS).encode())
     for part in (*parts, torch.__version__.encode()):
         digest.update(part)
     digest.update(_cpu_signature().encode())
     return digest.hexdigest()[:16]
 
 
-def build_dir() -> Path:
+def build_dir(source: Path | None = None) -> Path:
     from verispec.cache import cache_root
 
-    return cache_root() / "kernels" / f"decoder-{build_key()}"
+    source = SOURCE if source is None else source
+    return cache_root() / "kernels" / f"{source.stem}-{build_key(source)}"
 
 
 def load(verbose: bool = False) -> ModuleType | None:
     """The compiled kernels module, building it on first use; None if it cannot be built."""
-    global _module, _error, build_seconds
+    global build_seconds
+    start = time.perf_counter()
+    module, fresh = _load(SOURCE, verbose)
+    if fresh:
+        build_seconds = time.perf_counter() - start
+    return module
+
+
+def load_drafting(verbose: bool = False) -> ModuleType | None:
+    """The drafting helpers' module (``csrc/drafting.cpp``), built on first use; None if it
+    cannot be built or VERISPEC_NATIVE_DRAFTING=0 (the drafters' Python walks then run)."""
+    if os.environ.get("VERISPEC_NATIVE_DRAFTING", "1") == "0":
+        return None
+    return _load(DRAFTING_SOURCE, verbose)[0]
+
+
+def _load(source: Path, verbose: bool) -> tuple[ModuleType | None, bool]:
+    """``source``'s module (built here if no build of it is cached) and whether it was built."""
     with _lock:
-        if _module is not None or _error is not None:
-            return _module
+        name = source.stem
+        if name in _modules or name in _errors:
+            return _modules.get(name), False
         from torch.utils import cpp_extension
 
-        directory = build_dir()
+        directory = build_dir(source)
         directory.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(directory)
         fresh = not any(directory.glob("*.so"))
-        start = time.perf_counter()
         try:
-            _module = cpp_extension.load(
-                name=f"verispec_decoder_{build_key()}",
-                sources=[str(SOURCE)],
+            _modules[name] = cpp_extension.load(
+                name=f"verispec_{name}_{build_key(source)}",
+                sources=[str(source)],
                 extra_cflags=CFLAGS,
                 extra_ldflags=LDFLAGS,
                 build_directory=str(directory),
                 verbose=verbose,
             )
         except (OSError, RuntimeError, ImportError) as error:  # no compiler, a failed build
-            _error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
-            return None
-        if fresh:
-            build_seconds = time.perf_counter() - start
-        return _module
+            text = str(error).strip()
+            _errors[name] = f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"
+            return None, False
+        return _modules[name], fresh
 
 
 def clear_stale_lock(directory: Path, stale_after: float = STALE_LOCK_SECONDS) -> bool:
@@ -109,7 +132,12 @@ def clear_stale_lock(directory: Path, stale_after: float = STALE_LOCK_SECONDS) -
 
 def build_error() -> str | None:
     """Why ``load`` returned None (after it did)."""
-    return _error
+    return _errors.get(SOURCE.stem)
+
+
+def drafting_error() -> str | None:
+    """Why ``load_drafting`` returned None after a build was tried."""
+    return _errors.get(DRAFTING_SOURCE.stem)
 
 
 def disabled() -> bool:
@@ -124,3 +152,9 @@ if __name__ == "__main__":  # make install: build ahead of first use
         print(f"verispec: native kernels not built ({build_error()}); the native decoder will use its torch path")
     else:
         print(f"verispec: native kernels ready in {build_dir()} ({time.perf_counter() - started:.1f} s)")
+    started = time.perf_counter()
+    if load_drafting(verbose=False) is None:
+        print(f"verispec: drafting helpers not built ({drafting_error()}); the drafters will use their Python walks")
+    else:
+        seconds = time.perf_counter() - started
+        print(f"verispec: drafting helpers ready in {build_dir(DRAFTING_SOURCE)} ({seconds:.1f} s)")
