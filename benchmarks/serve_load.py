@@ -8,6 +8,9 @@ before the first point and stopped after the last (an idle server uses no CPU):
 
     verispec   verispec serve --drafter lookup --k auto   (speculation on, the governor picks k)
     plain      verispec serve --drafter none              (no speculation)
+    suffix     verispec serve --drafter suffix --k auto --suffix-cache 0   (not run unless asked for;
+               no cache of earlier requests: the prompts repeat every 64 requests, and a cache
+               would draft whole answers from the first time round)
     llamacpp   llama_cpp.server on the same GGUF file (see LLAMACPP_LAUNCHER), --n_ctx 4096, with the thread
                count verispec uses, --interrupt_requests False (its default aborts a running
                completion when another request arrives) (needs llama-cpp-python[server])
@@ -58,12 +61,13 @@ from verispec import models
 from verispec.cpu import cpu_threads
 from verispec.prompts import load_prompts, round_robin
 
-SERVERS = ("verispec", "plain", "llamacpp", "replicas1", "replicas2")
+SERVERS = ("verispec", "plain", "llamacpp", "replicas1", "replicas2", "suffix")
 DEFAULT_SERVERS = SERVERS[:3]
 SPECULATING = {"drafter": "lookup", "k": "auto"}
 VERISPEC_OPTIONS: dict[str, dict[str, Any]] = {
     "verispec": SPECULATING,
     "plain": {"drafter": "none"},
+    "suffix": {"drafter": "suffix", "k": "auto", "suffix_cache": 0},
     "replicas1": {**SPECULATING, "replicas": 1},
     "replicas2": {**SPECULATING, "replicas": 2},
 }
