@@ -12,6 +12,7 @@ error shape by an app that keeps serving.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 
 import httpx
@@ -108,17 +109,26 @@ def test_concurrent_streams_are_answered_by_both_replicas_and_counted_once(serve
 
 def test_malformed_requests_get_the_error_shape_and_the_replicas_keep_serving(server):
     url = server.url + "/v1/completions"
-    seen = []
-    for _ in range(6):  # spread over the replicas: each refuses them alike
+
+    def malformed(_: int) -> list[str]:  # each replica refuses them alike
         truncated = httpx.post(url, content=b'{"model": "x", "prompt": ', headers={"Content-Type": "application/json"})
         assert_error_shape(truncated, 400)
         form = httpx.post(url, content=b"prompt=hi", headers={"Content-Type": "application/x-www-form-urlencoded"})
         assert_error_shape(form, 415)
         invalid = httpx.post(url, json={"model": server.model, "prompt": "hi", "max_tokens": 0})
         assert_error_shape(invalid, 400, param="max_tokens")
-        seen += [response.headers[REPLICA_HEADER] for response in (truncated, form, invalid)]
-    for _ in range(4):
-        response = httpx.post(url, json={"model": server.model, "prompt": "hi", "max_tokens": 3, "temperature": 0})
+        return [response.headers[REPLICA_HEADER] for response in (truncated, form, invalid)]
+
+    def served(_: int) -> list[str]:
+        body = {"model": server.model, "prompt": "hi", "max_tokens": 3, "temperature": 0}
+        response = httpx.post(url, json=body, timeout=120)
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
-        seen.append(response.headers[REPLICA_HEADER])
+        return [response.headers[REPLICA_HEADER]]
+
+    # Sent 8 at a time: Ray Serve's router picks the replica with fewer requests in flight, so
+    # requests sent one after another, each finding both idle, may all go to one replica (CI
+    # saw 22 in a row do so); concurrent ones spread.
+    with ThreadPoolExecutor(8) as pool:
+        seen = [replica for replicas in pool.map(malformed, range(8)) for replica in replicas]
+        seen += [replica for replicas in pool.map(served, range(8)) for replica in replicas]
     assert len(set(seen)) == REPLICAS, seen
