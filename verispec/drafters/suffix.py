@@ -153,7 +153,10 @@ class SuffixCache:
         self._next: Positions = np.zeros(0, dtype=np.int64)
         self._starts: list[int] = []  # where each document starts, oldest first
         self._lock = threading.Lock()
-        self.snapshot = self.arrays()
+        # (tokens, sorted keys, the position after each key's n-gram): what the C++ chain
+        # searches, replaced whole under the lock at every change, so a proposal reads it in one
+        # attribute read without the lock (an eviction never shifts positions under it).
+        self.snapshot = (self.tokens, self._sorted_keys, self._next)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -203,13 +206,6 @@ class SuffixCache:
             self._next = np.zeros(0, dtype=np.int64)
             self._starts = []
             self.snapshot = (self.tokens, self._sorted_keys, self._next)
-
-    def arrays(self) -> tuple[NDArray[np.int64], NDArray[np.int64], Positions]:
-        """(tokens, sorted keys, the position after each key's n-gram), read under one lock
-        (see ``find``): what the C++ chain searches. ``snapshot`` holds the same triple, replaced
-        whole under the lock at every change: one attribute read, no lock, for each proposal."""
-        with self._lock:
-            return self.tokens, self._sorted_keys, self._next
 
     def _evict(self) -> None:
         if len(self) <= self.capacity:
@@ -288,10 +284,6 @@ class _NativeLocal:
     @property
     def tokens(self) -> NDArray[np.int64]:
         return np.asarray(self.state.tokens())
-
-    @property
-    def buffer(self) -> NDArray[np.int64]:
-        return self.tokens
 
     @property
     def ids(self) -> list[int]:
@@ -749,8 +741,9 @@ class SuffixDrafter:
 
     def phrase_walk(self, k: int) -> Walk:
         """The phrase table's chain after the context (``match``: the context length its first
-        token rested on; ``count`` 0: the table keeps no occurrences)."""
-        assert self.phrases is not None
+        token rested on; ``count`` 0: the table keeps no occurrences). The Python walks' (the
+        C++ ``propose`` falls back to the table itself)."""
+        assert self.phrases is not None and isinstance(self.local, _Local)
         if self.phrase_index is not None:
             tokens, frequencies, order = self.phrase_index.chain(self.local.buffer, self.local.size, k, self.min_score)
         else:
