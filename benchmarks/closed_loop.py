@@ -13,9 +13,11 @@ untimed request each. Each run has a drafter of its own: ``suffix``'s cache of e
 requests starts empty, so a run never drafts from an earlier run's answers (the prompts
 repeat every 64 requests within a run, as they do in ``serve_load.py``). Also printed: the
 seconds spent in forward passes and outside them (the planner, governor, drafters and rule
-between passes). On a 2-core machine this is what the engine gives with nothing else on the
-cores; the HTTP figures are lower by what the server's event loop and the benchmark's client
-take.
+between passes); over the finished requests' rounds, the drafts offered and accepted a round,
+the shares of rounds that drafted, that asked the drafter for a shadow only, and that the load
+kept plain without asking it; and the forward passes' count, rows and mean time. On a 2-core
+machine this is what the engine gives with nothing else on the cores; the HTTP figures are
+lower by what the server's event loop and the benchmark's client take.
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def run_point(
     running = [start() for _ in range(args.clients)]
     tokens = finished = 0
     in_passes = 0.0
+    rounds = offered = accepted = plain_by_load = shadows = drafted = pass_requests = pass_rows = 0
+    steps = step_rows = 0
     while running:
-        in_passes += scheduler.step().seconds
+        report = scheduler.step()
+        in_passes += report.seconds
+        steps += report.rows > 0
+        step_rows += report.rows
         for item in list(running):
             item.take()  # the text a stream would send: decoded as the server decodes it
             if item.finished:
@@ -78,6 +85,15 @@ def run_point(
                     raise RuntimeError(f"a request failed: {item.error!r}")
                 tokens += len(item.result.token_ids)
                 finished += 1
+                stats = item.stats
+                rounds += stats.rounds
+                offered += stats.offered
+                accepted += stats.accepted
+                plain_by_load += stats.governor_plain_by_load
+                shadows += stats.governor_shadow_drafts
+                drafted += stats.rounds - stats.plain_rounds
+                pass_requests += stats.pass_requests
+                pass_rows += stats.pass_rows
                 if time.perf_counter() < deadline:
                     running.append(start())
     wall = time.perf_counter() - began
@@ -90,6 +106,19 @@ def run_point(
         "wall_s": wall,
         "in_passes_s": in_passes,
         "outside_passes_s": wall - in_passes,
+        "passes": steps,
+        "rows_per_pass": step_rows / max(steps, 1),
+        # Over the finished requests' rounds: drafts offered and accepted a round, the share of
+        # rounds the load kept plain without asking the drafter, and the verify passes' mean
+        # requests and rows (each pass counted once per request in it).
+        "rounds": rounds,
+        "offered_per_round": offered / max(rounds, 1),
+        "accepted_per_round": accepted / max(rounds, 1),
+        "plain_by_load": plain_by_load / max(rounds, 1),
+        "shadows": shadows / max(rounds, 1),
+        "drafted": drafted / max(rounds, 1),
+        "requests_per_pass": pass_requests / max(rounds, 1),
+        "verify_rows_per_pass": pass_rows / max(rounds, 1),
     }
 
 
@@ -125,7 +154,13 @@ def main() -> None:
             runs.append(row)
             print(
                 f"{row['clients']:>3} clients  {config:<8} {row['tokens_per_s']:7.1f} tok/s  finished "
-                f"{row['finished']:>4}  wall {row['wall_s']:5.1f} s  outside passes {row['outside_passes_s']:4.2f} s",
+                f"{row['finished']:>4}  wall {row['wall_s']:5.1f} s  outside passes {row['outside_passes_s']:4.2f} s  "
+                f"drafts/round {row['offered_per_round']:.2f} accepted {row['accepted_per_round']:.2f}  "
+                f"drafted {row['drafted']:.0%} shadows {row['shadows']:.0%} "
+                f"plain by load {row['plain_by_load']:.0%}  requests/pass {row['requests_per_pass']:.1f} "
+                f"rows/its pass {row['verify_rows_per_pass']:.1f}  "
+                f"passes {row['passes']} of {row['rows_per_pass']:.1f} rows, "
+                f"{1e3 * (row['wall_s'] - row['outside_passes_s']) / max(row['passes'], 1):.2f} ms",
                 flush=True,
             )
     base = args.configs[0]

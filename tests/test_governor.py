@@ -376,6 +376,54 @@ def test_drafting_is_ruled_out_only_where_no_k_pays_beside_the_load_at_full_acce
     assert not Governor(0, model, shadow=True).load_allows_drafting()  # k_max 0 drafts nothing
 
 
+def test_the_load_checks_in_constant_time_decide_as_every_k_would():
+    """``best`` and ``load_allows_drafting`` check k = 1 and k_max only (the speed-up bound is
+    monotone in k): on 4,000 random governors (costs per token or per proposal, catch-ups,
+    shadowing or not, loads from alone to 31 others, acceptances anywhere in [0, 1]) they
+    decide exactly as a search over every k does."""
+    from verispec.governor import MIN_GAIN
+
+    rng = np.random.default_rng(7)
+    drafted = 0
+    for case in range(4000):
+        per_proposal = bool(case % 2)
+        shadow = per_proposal and case % 4 == 1
+        model = CostModel.line(
+            float(rng.uniform(1.0, 10.0)),
+            float(rng.choice([0.0, rng.uniform(0.0, 0.3), rng.uniform(0.0, 3.0)])),
+            float(rng.uniform(0.0, 0.5)),
+            per_proposal=per_proposal,
+            catch_up=0.0 if per_proposal else float(rng.uniform(0.0, 2.0)),
+        )
+        k_max = int(rng.integers(0, 11))
+        start = [float(a) for a in rng.uniform(0.0, 1.0, k_max)] if case % 3 else []
+        governor = Governor(k_max, model, adapt_costs=False, shadow=shadow, start=start)
+        rows = int(rng.choice([0, rng.integers(1, 32)]))
+        governor.load = Load(rows, float(rows * rng.uniform(0.5, 3.0)))
+        floor = float(rng.choice([MIN_GAIN, 1.01, 1.2]))
+        plain = model.verify(rows + 1)
+        tokens = rounds.expected_tokens_by_k(governor.estimates().expected(k_max))
+        speeds = [
+            (governor.load.tokens + tokens[k])
+            / (governor.load.tokens + 1.0)
+            / max(1.0, (governor._drafting_seconds(k) + model.verify(rows + 1 + k)) / plain)
+            for k in range(1, k_max + 1)
+        ]
+        best = max(range(1, k_max + 1), key=lambda k: (speeds[k - 1], -k), default=0)
+        expected = best if best and speeds[best - 1] >= floor else 0
+        assert governor.best(floor).k == expected, (case, speeds, floor)
+        full = [
+            (governor.load.tokens + 1.0 + k)
+            / (governor.load.tokens + 1.0)
+            / max(1.0, (governor._drafting_seconds(k) + model.verify(rows + 1 + k)) / plain)
+            for k in range(1, k_max + 1)
+        ]
+        allows = k_max > 0 if rows == 0 else any(speed >= MIN_GAIN for speed in full)
+        assert governor.load_allows_drafting() == allows, (case, full)
+        drafted += expected > 0
+    assert 400 < drafted < 3600  # both verdicts are common in the sample
+
+
 def test_a_pass_that_read_prompt_chunks_does_not_price_rows():
     model = CostModel.line(0.01, 0.001)
     governor = Governor(4, model, shadow=True, start=[0.5])

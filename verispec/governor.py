@@ -499,6 +499,13 @@ class Governor:
             return best
         load = self.load
         plain = self.costs.verify(load.rows + 1)
+        # The same bound beside a batch, in O(1): with at most 1 + k a_1 tokens a round, the
+        # speed-up is at most a ratio of two lines in k (the round's seconds are one), which
+        # is monotone, so at k = 1 or k_max if anywhere. Beside 15 requests most rounds stop
+        # here (the loop below read the line k_max times for them).
+        bound = self._best_bound
+        if bound(1.0 + first, 1) < floor and bound(1.0 + self.k_max * first, self.k_max) < floor:
+            return best
         tokens = rounds.expected_tokens_by_k(estimates.expected(self.k_max))
         for k, seconds in enumerate(self._round_seconds_by_k(), start=1):
             cost = max(1.0, seconds / plain)
@@ -513,14 +520,19 @@ class Governor:
         proposal says cannot make the round draft: a shadowing planner does not ask for it.
         Beside 15 other requests' rows on 2 Zen 2 cores no k pays (a 17th row cost 4.7 ms
         beside a 31 ms pass of 16), and the 16 proposals of each pass were 2-3% of its time."""
-        load = self.load
-        if load.rows == 0:
+        if self.load.rows == 0 or self.k_max == 0:
             return self.k_max > 0
-        plain = self.costs.verify(load.rows + 1)
-        for k, seconds in enumerate(self._round_seconds_by_k(), start=1):
-            if (load.tokens + 1.0 + k) / (load.tokens + 1.0) >= MIN_GAIN * max(1.0, seconds / plain):
-                return True
-        return False
+        # k + 1 tokens against a round's seconds, both lines in k: if some k clears the gain,
+        # k = 1 or k_max does (their difference is a line too).
+        bound = self._best_bound
+        return bound(2.0, 1) >= MIN_GAIN or bound(1.0 + self.k_max, self.k_max) >= MIN_GAIN
+
+    def _best_bound(self, tokens: float, k: int) -> float:
+        """The batch's speed-up (over its plain step) of a round of k drafts that yields
+        ``tokens``, priced as ``best`` prices it."""
+        load = self.load
+        seconds = self._drafting_seconds(k) + self.costs.verify(load.rows + 1 + k)
+        return (load.tokens + tokens) / (load.tokens + 1.0) / max(1.0, seconds / self.costs.verify(load.rows + 1))
 
     def _round_seconds_by_k(self) -> list[float]:
         """``_round_seconds(k)`` for k = 1..k_max, the costs' line read once: every round of a

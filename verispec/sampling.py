@@ -176,7 +176,9 @@ def final_tokens(
     if not params.greedy:
         raise SamplingError("final_tokens is the greedy case (temperature 0); sample with final_distributions")
     rows = np.asarray(logits)
-    if params.penalised or rows.ndim != 2 or rows.shape[1] == 0 or not np.issubdtype(rows.dtype, np.floating):
+    # ``dtype.kind`` rather than ``np.issubdtype``: the same test for NumPy's float types, in
+    # a tenth of the time (this runs every round).
+    if params.penalised or rows.ndim != 2 or rows.shape[1] == 0 or rows.dtype.kind != "f":
         tokens: Ids = _final_logits(logits, params, prompt_tokens, output_tokens, draft_tokens).argmax(axis=1)
         return tokens
     # Every round of greedy decoding comes here: one pass over each row instead of

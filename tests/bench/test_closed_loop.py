@@ -40,6 +40,15 @@ def test_runs_alternate_and_count_the_finished_requests(closed_loop, tmp_path, m
         assert run["tokens_per_s"] == pytest.approx(run["tokens"] / run["wall_s"])
         assert 0 < run["in_passes_s"] < run["wall_s"]
         assert run["in_passes_s"] + run["outside_passes_s"] == pytest.approx(run["wall_s"])
+        # The rounds of the finished requests: each committed a token at least; plain drafts none.
+        assert 0 < run["rounds"] <= run["tokens"] and run["passes"] > 0 and run["rows_per_pass"] >= 1
+        assert 1 <= run["requests_per_pass"] <= 3 and run["verify_rows_per_pass"] >= run["requests_per_pass"]
+        assert 0 <= run["accepted_per_round"] <= run["offered_per_round"]
+        shares = (run["drafted"], run["shadows"], run["plain_by_load"])
+        if run["config"] == "none":
+            assert run["offered_per_round"] == 0 and shares == (0, 0, 0)
+        else:
+            assert all(0 <= share <= 1 for share in shares)
     assert "lookup / none: " in capsys.readouterr().out
 
 

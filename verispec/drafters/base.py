@@ -93,6 +93,11 @@ class Draft:
         """The first k tokens (nodes), with their rows, source, parents and frequencies."""
         if len(self.tokens) <= k:
             return self
+        if self.parents is None:  # a chain's prefix: slices (every round of a governed request cuts one)
+            k = max(0, k)
+            probs = None if self.probs is None else self.probs[:k]
+            frequencies = None if self.frequencies is None else self.frequencies[:k]
+            return Draft(self.tokens[:k], probs, self.source, None, frequencies)
         return self.select(list(range(max(0, k))))
 
     def select(self, nodes: Sequence[int]) -> Draft:
@@ -117,6 +122,8 @@ class Draft:
 
     def main_chain(self) -> Draft:
         """A tree's first path: each position's first child (the drafter's best guess)."""
+        if self.parents is None:
+            return self
         if not self.is_tree:
             return Draft(self.tokens, self.probs, self.source, None, self.frequencies)
         assert self.parents is not None
