@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/drafter_replay.py bench-results/RUN/results.json \\
         --configs lookup suffix suffix:branches=3 --per-row 0.35
 
-Takes the plain (``none``) outputs of a greedy ``verispec bench`` run (single or multi-turn
-workload), rebuilds each request's prompt as the bench built it (a later turn carries the
+Takes the plain (``none``) outputs of a greedy ``verispec bench`` run (single, multi-turn or
+edit workload), rebuilds each request's prompt as the bench built it (a later turn carries the
 earlier plain answers), and replays each configuration's drafter over them
 (``verispec.bench.replay``) with ``--k auto`` (the engine's planner and governor) or a fixed
 ``k``, one planner and one drafter per configuration across all requests, in the run's order,
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from verispec.api import load_engine
 from verispec.bench import run, workloads
@@ -37,6 +38,8 @@ def requests(document: dict, engine, per_category: int) -> list[tuple[str, list[
         items = workloads.multi_turn(prompts, engine)
     elif workload == "single":
         items = workloads.single(prompts, engine)
+    elif workload == "edit":  # --per-category is the number of snippets, as the bench reads it
+        items = workloads.edit(per_category, engine)
     else:
         raise SystemExit(f"the {workload} workload is not replayed here")
     plain = {r["prompt_index"]: r for r in document["records"] if r["config"] == "none" and r.get("repeat", 0) == 0}
@@ -50,6 +53,15 @@ def requests(document: dict, engine, per_category: int) -> list[tuple[str, list[
     return out
 
 
+def greedy_requests(path: Path, per_category: int) -> tuple[Any, list[tuple[str, list[int], list[int]]]]:
+    """The engine of a greedy bench run's model and its requests (``requests``)."""
+    document = run.load(path)
+    if document["settings"]["temperature"] != 0:
+        raise SystemExit("needs a greedy run")
+    engine = load_engine(document["settings"]["model"])
+    return engine, requests(document, engine, per_category)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
@@ -58,11 +70,7 @@ def main() -> None:
     parser.add_argument("--k", default=AUTO)
     parser.add_argument("--per-category", type=int, default=5, help="as the bench run was given")
     args = parser.parse_args()
-    document = run.load(args.results)
-    if document["settings"]["temperature"] != 0:
-        raise SystemExit("a replay needs a greedy run")
-    engine = load_engine(document["settings"]["model"])
-    todo = requests(document, engine, args.per_category)
+    engine, todo = greedy_requests(args.results, args.per_category)
     clock = Clock(args.per_row)
     k = args.k if args.k == AUTO else int(args.k)
     table: dict[str, dict[str, list[float]]] = {}
