@@ -162,11 +162,12 @@ def test_a_q4_matrix_whose_scales_float16_does_not_hold_keeps_the_vector_kernels
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 40])
 @pytest.mark.parametrize("tiles_from", [-1, 2])
 def test_the_wide_kernels_give_each_row_what_the_vector_kernels_give(ext, name, count, tiles_from):
     # Where the CPU has AVX-512 VNNI, quantised passes run on the wide layout: rows on its VNNI
-    # kernel (one dpbusd serves 16 outputs), in chunks of 8; where it has AMX tiles, passes of
+    # kernel (one dpbusd serves 16 outputs), in chunks of 4 whose last takes up to 2 more
+    # rows (5, 6: one chunk; 9, 10: 4 + 5, 4 + 6; 11: 4 + 4 + 3); where it has AMX tiles, passes of
     # many rows on tile products of whole blocks; where it has AVX2 and no VNNI, Q4 passes of
     # up to 16 rows on its AVX2 kernel (maddubs against broadcast codes; Q8 keeps the vector
     # kernels there, so its arm compares them with themselves). All run the vector kernels'

@@ -1256,17 +1256,22 @@ constexpr int64_t AMX_MIN_ROWS = 9;
 constexpr int64_t WIDE_ROWS_MAX = 8;  // with tiles; without, the VNNI kernel takes every pass
 constexpr int64_t WIDE_OUTPUTS = 16;  // outputs per group of the wide layout
 // Rows per call of the wide layout's kernel (a group's weights stay in L1 between calls).
-// With AVX-512 VNNI, 4: from 5 rows the kernel's accumulators (2 a row for Q4) and the
-// unpacked weights probably outgrow the 32 registers (not checked in the assembly). Zen 4,
-// 2 cores, whole verify passes at 400 tokens against chunks of 8 (verify_cost.py, old and
-// new builds alternating, 2 pairs): 5 rows 4-11% faster, 8 rows 8-12%, 9 rows 14-16%, 16 rows
-// 7-10%; 1-4 rows the same code. There, wide_rows of 5 to 8 rows is left unused.
-// Not measured where AMX tiles take passes from 9 rows (rows 5-8 there now run 4 + the rest).
+// With AVX-512 VNNI, 4: from 7 rows the kernel's accumulators (2 a row for Q4) and the
+// unpacked weights outgrow the 32 registers. Zen 4, 2 cores, whole verify passes at 400
+// tokens against chunks of 8 (verify_cost.py, old and new builds alternating, 2 pairs): 5 rows
+// 4-11% faster, 8 rows 8-12%, 9 rows 14-16%, 16 rows 7-10%; 1-4 rows the same code. A last
+// chunk of 5 or 6 rows (WIDE_MERGE, below) was measured on Zen 5 only; where AMX tiles take
+// passes from 9 rows, rows 5-6 run as one chunk too (not measured there).
 // With AVX2 alone (Zen 2), 8, as measured there.
 #ifdef VS_WIDE_AVX2
-constexpr int64_t WIDE_CHUNK = 8;
+constexpr int64_t WIDE_CHUNK = 8, WIDE_MERGE = 0;
 #else
-constexpr int64_t WIDE_CHUNK = 4;
+// Zen 5, 2 cores, whole verify passes at 40 and 300 tokens of context (verify_cost.py, builds
+// alternating): 5 rows as one chunk instead of 4 + 1, 6 as one instead of 4 + 2 and 9-10 as
+// 4 + 5-6 took 3-6% less time (at 40 tokens, 5 rows 1.12-1.14x a single row's pass against
+// 1.17-1.18x, 9 rows 1.47-1.50x against 1.56x). Chunks of 8 cost more from 7 rows (8 rows
+// 4.2 ms against 3.6, 16 rows 7.7 against 6.4): there the registers run out.
+constexpr int64_t WIDE_CHUNK = 4, WIDE_MERGE = 2;
 #endif
 // The most rows the AVX2 kernel of the wide layout takes: from there the lanes kernel is as
 // fast (AMD Zen 2, 2 cores, whole verify passes against the vector kernels: 8 rows 7% faster,
@@ -1596,8 +1601,11 @@ static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, fl
   const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (WIDE_OUTPUTS * w.cols * M));
   parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; g++)
-      for (int64_t r0 = 0; r0 < M; r0 += WIDE_CHUNK) {
-        switch (std::min<int64_t>(WIDE_CHUNK, M - r0)) {
+      for (int64_t r0 = 0, rows = 0; r0 < M; r0 += rows) {
+        // A last 1 or 2 rows join the chunk before them (WIDE_MERGE): one more read and
+        // unpacking of the group's weights for 1-2 rows cost more than wider accumulators.
+        rows = M - r0 <= WIDE_CHUNK + WIDE_MERGE ? M - r0 : WIDE_CHUNK;
+        switch (rows) {
           case 1: wide_rows<Q4BLOCKS, 1>(w, g, xq, r0, y, ldy); break;
           case 2: wide_rows<Q4BLOCKS, 2>(w, g, xq, r0, y, ldy); break;
           case 3: wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy); break;
