@@ -61,6 +61,14 @@ class Seen:
         """Positions whose token followed an occurrence of ``key``, oldest first."""
         return self.index.get(key, [])
 
+    def suffixes(self) -> list[tuple[int, ...]]:
+        """The last ``ngram`` tokens, the last ngram - 1, ... the last one: longest first."""
+        return [tuple(self.tokens[-n:]) for n in range(min(self.ngram, len(self.tokens)), 0, -1)]
+
+    def longest(self, suffixes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+        """The longest of ``suffixes`` that occurred before (followed by something)."""
+        return next((key for key in suffixes if self.followers(key)), None)
+
 
 def accepted(source: Sequence[int], start: int, output: Sequence[int], at: int, k: int) -> int:
     """Drafts copied from ``source[start:]`` that the output takes at ``at`` (up to k)."""
@@ -79,8 +87,8 @@ def analyse(prompt: list[int], output: list[int], pool: Seen | None, args: argpa
     # Position 1: every output token.
     for token in output:
         counts["tokens"] += 1
-        suffixes = [tuple(own.tokens[-n:]) for n in range(min(args.ngram, len(own.tokens)), 0, -1)]
-        longest = next((key for key in suffixes if own.followers(key)), None)
+        suffixes = own.suffixes()
+        longest = own.longest(suffixes)
         if longest is not None:
             followers = [own.tokens[p] for p in own.followers(longest)]
             ranked = [t for t, _ in Counter(followers).most_common()]
@@ -101,10 +109,10 @@ def analyse(prompt: list[int], output: list[int], pool: Seen | None, args: argpa
         own.extend(prompt)
         at = rounds = 0
         while at < len(output):
-            suffixes = [tuple(own.tokens[-n:]) for n in range(min(args.ngram, len(own.tokens)), 0, -1)]
+            suffixes = own.suffixes()
             best = 0
             if name == "recent":
-                longest = next((key for key in suffixes if own.followers(key)), None)
+                longest = own.longest(suffixes)
                 if longest is not None:
                     best = accepted(own.tokens, own.followers(longest)[-1], output, at, args.k)
             else:

@@ -504,7 +504,7 @@ class Governor:
         # is monotone, so at k = 1 or k_max if anywhere. Beside 15 requests most rounds stop
         # here (the loop below read the line k_max times for them).
         bound = self._best_bound
-        if bound(1.0 + first, 1) < floor and bound(1.0 + self.k_max * first, self.k_max) < floor:
+        if bound(1.0 + first, 1, plain) < floor and bound(1.0 + self.k_max * first, self.k_max, plain) < floor:
             return best
         tokens = rounds.expected_tokens_by_k(estimates.expected(self.k_max))
         for k, seconds in enumerate(self._round_seconds_by_k(), start=1):
@@ -524,15 +524,15 @@ class Governor:
             return self.k_max > 0
         # k + 1 tokens against a round's seconds, both lines in k: if some k clears the gain,
         # k = 1 or k_max does (their difference is a line too).
-        bound = self._best_bound
-        return bound(2.0, 1) >= MIN_GAIN or bound(1.0 + self.k_max, self.k_max) >= MIN_GAIN
+        bound, plain = self._best_bound, self.costs.verify(self.load.rows + 1)
+        return bound(2.0, 1, plain) >= MIN_GAIN or bound(1.0 + self.k_max, self.k_max, plain) >= MIN_GAIN
 
-    def _best_bound(self, tokens: float, k: int) -> float:
-        """The batch's speed-up (over its plain step) of a round of k drafts that yields
-        ``tokens``, priced as ``best`` prices it."""
+    def _best_bound(self, tokens: float, k: int, plain: float) -> float:
+        """The batch's speed-up (over its plain step, ``plain`` seconds) of a round of k drafts
+        that yields ``tokens``, priced as ``best`` prices it."""
         load = self.load
         seconds = self._drafting_seconds(k) + self.costs.verify(load.rows + 1 + k)
-        return (load.tokens + tokens) / (load.tokens + 1.0) / max(1.0, seconds / self.costs.verify(load.rows + 1))
+        return (load.tokens + tokens) / (load.tokens + 1.0) / max(1.0, seconds / plain)
 
     def _round_seconds_by_k(self) -> list[float]:
         """``_round_seconds(k)`` for k = 1..k_max, the costs' line read once: every round of a
