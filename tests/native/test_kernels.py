@@ -2,6 +2,8 @@
 that do not depend on the other rows of a pass."""
 
 import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -142,23 +144,65 @@ def test_each_row_of_a_quantised_pass_equals_that_row_alone(ext, name, count, la
     assert np.abs(whole.numpy() - expected).max() / np.abs(expected).max() < 1e-5
 
 
-def test_a_q4_matrix_whose_scales_float16_does_not_hold_keeps_the_vector_kernels(ext):
-    # On AVX2 without VNNI the wide layout keeps Q4's scales and minimums as float16, which
-    # holds every value a GGUF block stores. A matrix with one it does not hold (0.1 here)
-    # must not be rounded: it keeps no wide layout, and its rows are what its arithmetic gives.
+def test_a_q4_matrix_whose_scales_float16_does_not_hold_keeps_float32_scales(ext):
+    # The wide layout keeps Q4's scales and minimums as float16 (on AVX2 without VNNI, and
+    # with AVX-512 VNNI where no AMX tiles run), which holds every value a GGUF block stores.
+    # A matrix with one it does not hold (0.1 here) must not be rounded: on AVX2 it keeps no
+    # wide layout, with AVX-512 the float32 scales; its rows are what its arithmetic gives.
     weights = weights_in("Q4_1", 36, 96)
     exact = matrix(ext, weights)
     assert exact.wide == bool(ext.wide_available())
+    avx2_layout = ext.wide_available() and not cpu.cpu_has_avx512_vnni()
+    halves_expected = avx2_layout or (
+        ext.wide_available() and not ext.amx_available() and os.environ.get("VERISPEC_WIDE_HALVES") != "0"
+    )
+    assert exact.wide_halves == halves_expected
     inexact = replace(weights, scale=weights.scale.copy())
     inexact.scale[5, 1] = np.float32(0.1)
     assert np.float32(np.float16(inexact.scale[5, 1])) != inexact.scale[5, 1]
     m = matrix(ext, inexact)
-    if ext.wide_available() and not cpu.cpu_has_avx512_vnni():  # the AVX2 wide layout (float16)
-        assert not m.wide
+    assert not m.wide_halves
+    assert m.wide == (ext.wide_available() and not avx2_layout)
     x = RNG.standard_normal((3, 96)).astype(np.float32)
     y = ext.apply(m, torch.from_numpy(x)).numpy()
     expected = quantised_activations(x).astype(np.float64) @ inexact.dequantize().astype(np.float64).T
     assert np.abs(y - expected).max() / np.abs(expected).max() < 1e-5
+
+
+# The wide kernels against the vector kernels with the wide layout's scales as float32 arrays
+# (VERISPEC_WIDE_HALVES=0: the layout wherever AMX tiles run), in a process of its own: the
+# setting is read once a process. Every row count from 1 to 11 and 16, 17, 40 rows.
+WIDE_FLOAT32_CHECK = """
+import numpy as np, torch
+from gguf import GGMLQuantizationType as GGML
+from gguf import quants
+from verispec.native import formats, kernels
+ext = kernels.load()
+rng = np.random.default_rng(2)
+for name in ("Q4_0", "Q4_1", "Q8_0"):
+    raw = quants.quantize((rng.standard_normal((36, 96)) * 0.05).astype(np.float32), GGML[name]).reshape(36, -1)
+    w = formats.from_ggml(raw, GGML[name], 36, 96)
+    packed = {k: torch.from_numpy(v) for k, v in w.pack().items()}
+    m = ext.make_matrix(formats.FORMATS.index(w.format), 36, 96, packed["data"], packed.get("scale"),
+                        packed.get("minimum"))
+    assert m.wide and not m.wide_halves, (m.wide, m.wide_halves)
+    for count in (*range(1, 12), 16, 17, 40):
+        x = torch.from_numpy(rng.standard_normal((count, 96)).astype(np.float32) * 3)
+        ext.set_amx_min_rows(0)
+        vector = ext.apply(m, x)
+        ext.set_amx_min_rows(-1)
+        assert torch.equal(ext.apply(m, x), vector), (name, count)
+print("checked")
+"""
+
+
+def test_the_wide_kernels_with_float32_scales_give_what_the_vector_kernels_give(ext):
+    if not (ext.wide_available() and cpu.cpu_has_avx512_vnni()):
+        pytest.skip("the float32 scales of the wide layout are AVX-512 VNNI's (this CPU has no such layout)")
+    env = {**os.environ, "VERISPEC_WIDE_HALVES": "0"}
+    done = subprocess.run([sys.executable, "-c", WIDE_FLOAT32_CHECK], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "checked"
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])

@@ -482,6 +482,18 @@ static bool amx_available() {
   return wanted;
 }
 
+// Whether the AVX-512 wide layout keeps its scales and minimums as float16 beside each
+// block's codes (prepack_wide; VERISPEC_WIDE_HALVES=0: as float32 arrays, the layout AMX's
+// kernel reads, which keeps it wherever the tiles run).
+static bool wide_halves_available() {
+#if defined(VS_WIDE) && !defined(VS_WIDE_AVX2)
+  static const bool wanted = !amx_available() && !setting_off("VERISPEC_WIDE_HALVES");
+  return wanted;
+#else
+  return false;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // Weights.
 
@@ -497,6 +509,9 @@ struct Matrix {
   // AVX2 without VNNI keeps the wide layout's scales and minimums as float16 instead, per
   // group and block 16 scales, then 16 minimums: one cache line (see prepack_wide).
   const uint16_t* wide_halves = nullptr;
+  // AVX-512 VNNI without AMX keeps them as float16 too, that line right after the block's
+  // codes: wide_stride bytes a block, one stream (0: the float arrays wide_d and wide_m).
+  int64_t wide_stride = 0;
   int64_t tiles() const { return (rows + TILE - 1) / TILE; }
   int64_t blocks() const { return cols / QK; }
   bool quantized() const { return format == Q8_0 || format == Q4; }
@@ -1453,9 +1468,9 @@ static void matmul_amx(const Matrix& w, QuantRows& xq, int64_t M, float* y, int6
 // on AVX2) and one unpacking of the weights for all the rows. The same integers and float
 // steps, in tile_quant's order, as every kernel. (8-bit matrices keep the vector kernels:
 // with |w| against sign-moved codes, widened per group, this kernel measured slower there.)
-template <bool Q4BLOCKS, int R>
+template <bool Q4BLOCKS, int R, bool HALVES>
 static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
-  static_assert(Q4BLOCKS, "the AVX2 wide layout holds 4-bit matrices only");
+  static_assert(Q4BLOCKS && HALVES, "the AVX2 wide layout holds 4-bit matrices, scales as float16");
   const int64_t B = w.blocks(), K = w.cols;
   const uint8_t* tiles = w.wide_codes + g * B * 256;
   const uint16_t* halves = w.wide_halves + g * B * 2 * WIDE_OUTPUTS;  // [B][scales 16, minimums 16]
@@ -1529,13 +1544,16 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
 // 8 ahead gained less, 24 and 32 as much as 16, 48 and 64 less; T0 hints level with NTA.
 constexpr int64_t WIDE_PREFETCH_BLOCKS = 16;
 
-template <bool Q4BLOCKS, int R>
+// HALVES: the layout with each block's scales and minimums as float16 right after its codes
+// (wide_stride bytes a block), else the float32 arrays wide_d and wide_m.
+template <bool Q4BLOCKS, int R, bool HALVES>
 static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
   const int64_t B = w.blocks(), K = w.cols;
-  constexpr int64_t BLOCK_BYTES = Q4BLOCKS ? 256 : 512;  // a block's codes for the group's 16 outputs
-  const uint8_t* tiles = w.wide_codes + g * B * BLOCK_BYTES;
-  const float* dw = w.wide_d + g * B * WIDE_OUTPUTS;
-  const float* mw = Q4BLOCKS ? w.wide_m + g * B * WIDE_OUTPUTS : nullptr;
+  constexpr int64_t CODE_BYTES = Q4BLOCKS ? 256 : 512;  // a block's codes for the group's 16 outputs
+  const int64_t stride = HALVES ? w.wide_stride : CODE_BYTES;
+  const uint8_t* tiles = w.wide_codes + g * B * stride;
+  const float* dw = HALVES ? nullptr : w.wide_d + g * B * WIDE_OUTPUTS;
+  const float* mw = HALVES || !Q4BLOCKS ? nullptr : w.wide_m + g * B * WIDE_OUTPUTS;
   const float* DX = xq.d.data() + r0 * B;
   const float* SX = xq.s.data() + r0 * B;
   const int8_t* X = xq.q.data() + r0 * K;
@@ -1544,26 +1562,34 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
   for (int r = 0; r < R; r++) acc[r] = minimum[r] = _mm512_setzero_ps();
   const bool fetch = r0 == 0;
   for (int64_t b = 0; b < B; b++) {
+    const uint8_t* block = tiles + b * stride;
     if (fetch) {  // prefetches never fault: past the matrix's end they read nothing it needs
       const int64_t ahead = b + WIDE_PREFETCH_BLOCKS;
-      const char* codes = (const char*)(tiles + ahead * BLOCK_BYTES);
-      for (int64_t c = 0; c < BLOCK_BYTES; c += 64) _mm_prefetch(codes + c, WEIGHT_HINT);
-      _mm_prefetch((const char*)(dw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
-      if (Q4BLOCKS) _mm_prefetch((const char*)(mw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
+      const char* codes = (const char*)(tiles + ahead * stride);
+      for (int64_t c = 0; c < (HALVES ? stride : CODE_BYTES); c += 64) _mm_prefetch(codes + c, WEIGHT_HINT);
+      if (!HALVES) {
+        _mm_prefetch((const char*)(dw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
+        if (Q4BLOCKS) _mm_prefetch((const char*)(mw + ahead * WIDE_OUTPUTS), WEIGHT_HINT);
+      }
     }
     __m512i wv[QK / 4];  // wv[k]: codes 4k .. 4k + 3 of the 16 outputs
     if (Q4BLOCKS) {
       for (int k = 0; k < 4; k++) {
-        const __m512i v = _mm512_loadu_si512(tiles + b * BLOCK_BYTES + 64 * k);
+        const __m512i v = _mm512_loadu_si512(block + 64 * k);
         wv[k] = _mm512_and_si512(v, low), wv[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
     } else {
-      for (int k = 0; k < 8; k++) wv[k] = _mm512_loadu_si512(tiles + b * BLOCK_BYTES + 64 * k);
+      for (int k = 0; k < 8; k++) wv[k] = _mm512_loadu_si512(block + 64 * k);
     }
     __m512i offset = _mm512_setzero_si512();  // 128 x the weights' sums, 8-bit weights only
     if (!Q4BLOCKS)
       for (int k = 0; k < 8; k++) offset = _mm512_dpbusd_epi32(offset, bias, wv[k]);
-    const __m512 d = _mm512_loadu_ps(dw + b * WIDE_OUTPUTS);
+    const __m512 d = HALVES ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(block + CODE_BYTES)))
+                            : _mm512_loadu_ps(dw + b * WIDE_OUTPUTS);
+    __m512 mins = _mm512_setzero_ps();
+    if (Q4BLOCKS)
+      mins = HALVES ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(block + CODE_BYTES + 32)))
+                    : _mm512_loadu_ps(mw + b * WIDE_OUTPUTS);
     for (int r = 0; r < R; r++) {
       const int8_t* x = X + r * K + b * QK;
       __m512i part[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two shorter chains
@@ -1579,7 +1605,7 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(DX[r * B + b]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
       if (Q4BLOCKS)  // the minimums in block order too, apart from the products
-        minimum[r] = _mm512_fmadd_ps(_mm512_loadu_ps(mw + b * WIDE_OUTPUTS), _mm512_set1_ps(SX[r * B + b]), minimum[r]);
+        minimum[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(SX[r * B + b]), minimum[r]);
     }
   }
   const int64_t valid = std::min<int64_t>(WIDE_OUTPUTS, w.rows - g * WIDE_OUTPUTS);
@@ -1595,7 +1621,7 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
 #ifdef VS_WIDE
 // y = x W^T for the M rows quantised in xq, wide_rows by groups of 16 outputs, the rows in
 // chunks of at most WIDE_CHUNK (a group's weights stay in L1 between chunks).
-template <bool Q4BLOCKS>
+template <bool Q4BLOCKS, bool HALVES>
 static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
   const int64_t groups = (w.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS;
   const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (WIDE_OUTPUTS * w.cols * M));
@@ -1606,87 +1632,128 @@ static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, fl
         // unpacking of the group's weights for 1-2 rows cost more than wider accumulators.
         rows = M - r0 <= WIDE_CHUNK + WIDE_MERGE ? M - r0 : WIDE_CHUNK;
         switch (rows) {
-          case 1: wide_rows<Q4BLOCKS, 1>(w, g, xq, r0, y, ldy); break;
-          case 2: wide_rows<Q4BLOCKS, 2>(w, g, xq, r0, y, ldy); break;
-          case 3: wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy); break;
-          case 4: wide_rows<Q4BLOCKS, 4>(w, g, xq, r0, y, ldy); break;
+          case 1: wide_rows<Q4BLOCKS, 1, HALVES>(w, g, xq, r0, y, ldy); break;
+          case 2: wide_rows<Q4BLOCKS, 2, HALVES>(w, g, xq, r0, y, ldy); break;
+          case 3: wide_rows<Q4BLOCKS, 3, HALVES>(w, g, xq, r0, y, ldy); break;
+          case 4: wide_rows<Q4BLOCKS, 4, HALVES>(w, g, xq, r0, y, ldy); break;
           case 5:
 #ifdef VS_WIDE_AVX2  // as 3 and 2 rows: on Zen 2 wide_rows<5> cost as much as 6 rows (its registers)
-            wide_rows<Q4BLOCKS, 3>(w, g, xq, r0, y, ldy);
-            wide_rows<Q4BLOCKS, 2>(w, g, xq, r0 + 3, y, ldy);
+            wide_rows<Q4BLOCKS, 3, HALVES>(w, g, xq, r0, y, ldy);
+            wide_rows<Q4BLOCKS, 2, HALVES>(w, g, xq, r0 + 3, y, ldy);
 #else
-            wide_rows<Q4BLOCKS, 5>(w, g, xq, r0, y, ldy);
+            wide_rows<Q4BLOCKS, 5, HALVES>(w, g, xq, r0, y, ldy);
 #endif
             break;
-          case 6: wide_rows<Q4BLOCKS, 6>(w, g, xq, r0, y, ldy); break;
-          case 7: wide_rows<Q4BLOCKS, 7>(w, g, xq, r0, y, ldy); break;
-          default: wide_rows<Q4BLOCKS, 8>(w, g, xq, r0, y, ldy); break;
+          case 6: wide_rows<Q4BLOCKS, 6, HALVES>(w, g, xq, r0, y, ldy); break;
+          case 7: wide_rows<Q4BLOCKS, 7, HALVES>(w, g, xq, r0, y, ldy); break;
+          default: wide_rows<Q4BLOCKS, 8, HALVES>(w, g, xq, r0, y, ldy); break;
         }
       }
   });
 }
 
-#ifdef VS_WIDE_AVX2
 // The float16 bits of v where float16 holds v exactly, else -1. It holds every q4 matrix's
 // scales and minimums: they come from GGUF Q4_0 / Q4_1 blocks, which store them as float16
-// (Q4_0's minimum is -8 times its scale, exact too).
+// (Q4_0's minimum is -8 times its scale, exact too), and Q8_0's scales.
 static int32_t exact_half(float v) {
   const uint16_t half = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const float back = _cvtsh_ss(half);
   return std::memcmp(&back, &v, sizeof v) == 0 ? half : -1;
 }
-#endif
+
+// The float16 bits of a matrix's scales (and Q4's minimums), [tiles][blocks][TILE] as m.d,
+// or empty where one value has none exactly.
+static std::vector<uint16_t> exact_halves(const float* values, int64_t n) {
+  std::vector<uint16_t> halves(n);
+  for (int64_t i = 0; i < n; i++) {
+    const int32_t half = exact_half(values[i]);
+    if (half < 0) return {};
+    halves[i] = (uint16_t)half;
+  }
+  return halves;
+}
 
 // The weights in the wide layout, AMX's (see above), kept beside the packed tiles: per group of 16
 // outputs and block, Q4's 16-byte halves as one 4 x 64-byte tile of code bytes whose low
 // nibbles are the first half and high nibbles the second (a Q4 byte holds weights i and
 // i + 16), Q8's as two; the scales (and minimums) as [groups][blocks][16]. Outputs past the
-// matrix's rows are zero. On AVX2 without VNNI (4-bit only) the scales and minimums are
-// float16, per group and block one 64-byte line of 16 scales then 16 minimums: a 1-row pass
-// is bound by memory there, and reads 0.625 bytes a weight instead of 0.75. The kernel widens
-// them to the same floats, so the bits do not change; a matrix with a value float16 does not
-// hold exactly keeps no wide layout (the vector kernels, the same bits again).
+// matrix's rows are zero.
+// A 1-row pass is bound by memory, and the scales as float32 are a third of a Q4 matrix's
+// bytes (0.25 a weight beside 0.5 of codes). Where they are float16 in the file (every GGUF
+// Q4_0, Q4_1 and Q8_0 block; a Q4_0 minimum is -8 times its scale) they are kept so, per
+// group and block one 64-byte line of 16 scales and then 16 minimums (Q4) or 16 zeros (Q8):
+// - on AVX2 without VNNI (4-bit only), in an array of their own (wide_halves);
+// - with AVX-512 VNNI and no AMX, right after the block's codes (wide_stride: 320 bytes a Q4
+//   block, 576 a Q8 one), so a group is one stream instead of three.
+// The kernels widen them to the same floats, so the bits do not change. On AVX2 a matrix with
+// a value float16 does not hold exactly keeps no wide layout (the vector kernels, the same
+// bits again); with AVX-512 it keeps the float32 arrays, as wherever AMX tiles run.
 static void prepack_wide(Matrix& m) {
   const int64_t B = m.blocks(), groups = (m.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS, tiles = m.tiles();
   const bool q4 = m.format == Q4;
-  const int64_t words = q4 ? 64 : 128;  // 4-byte words per group and block
-  m.wide_data = at::zeros({groups * B * words * 4 + 64}, at::kByte);
+  const int64_t words = q4 ? 64 : 128;  // 4-byte words of codes per group and block
+  const int64_t scale_count = tiles * B * TILE;
+#ifdef VS_WIDE_AVX2
+  const bool want_halves = true;
+#else
+  const bool want_halves = wide_halves_available();
+#endif
+  std::vector<uint16_t> d16, m16;
+  if (want_halves) {
+    d16 = exact_halves(m.d, scale_count);
+    if (q4 && !d16.empty()) m16 = exact_halves(m.m, scale_count);
+    if (d16.empty() || (q4 && m16.empty())) d16.clear();
+  }
+  const bool halves = !d16.empty();
+#ifdef VS_WIDE_AVX2
+  if (!halves) return;  // the vector kernels
+  const int64_t stride = words * 4;  // codes only: the halves in their own array
+#else
+  const int64_t stride = words * 4 + (halves ? 64 : 0);
+#endif
+  m.wide_data = at::zeros({groups * B * stride + 64}, at::kByte);
   uint8_t* base = (uint8_t*)(((uintptr_t)m.wide_data.data_ptr<uint8_t>() + 63) & ~(uintptr_t)63);
+  uint16_t* line_array = nullptr;  // AVX2: [groups][blocks][32] float16
+  float* scales = nullptr;         // float32: [groups][blocks][16], then Q4's minimums so
 #ifdef VS_WIDE_AVX2
   m.wide_scales = at::zeros({groups * B * 2 * WIDE_OUTPUTS + 32}, at::kShort);
-  uint16_t* halves = (uint16_t*)(((uintptr_t)m.wide_scales.data_ptr<int16_t>() + 63) & ~(uintptr_t)63);
+  line_array = (uint16_t*)(((uintptr_t)m.wide_scales.data_ptr<int16_t>() + 63) & ~(uintptr_t)63);
 #else
-  m.wide_scales = at::zeros({(q4 ? 2 : 1) * groups * B * WIDE_OUTPUTS}, at::kFloat);
-  float* scales = m.wide_scales.data_ptr<float>();
+  if (!halves) {
+    m.wide_scales = at::zeros({(q4 ? 2 : 1) * groups * B * WIDE_OUTPUTS}, at::kFloat);
+    scales = m.wide_scales.data_ptr<float>();
+  }
 #endif
   for (int64_t g = 0; g < groups; g++)
     for (int64_t b = 0; b < B; b++) {
-      uint32_t* out = (uint32_t*)(base + (g * B + b) * words * 4);
+      uint8_t* block = base + (g * B + b) * stride;
+      uint32_t* out = (uint32_t*)block;
+      uint16_t* line = line_array != nullptr ? line_array + (g * B + b) * 2 * WIDE_OUTPUTS
+                                             : (uint16_t*)(block + words * 4);
       for (int64_t n = 0; n < WIDE_OUTPUTS; n++) {
         const int64_t t = g * (WIDE_OUTPUTS / TILE) + n / TILE, at = (t * B + b) * TILE + n % TILE;
         if (t >= tiles) continue;
-#ifdef VS_WIDE_AVX2
-        const int32_t scale = exact_half(m.d[at]), minimum = exact_half(m.m[at]);
-        if (scale < 0 || minimum < 0) {
-          m.wide_data = m.wide_scales = at::Tensor();
-          return;
+        if (halves) {
+          line[n] = d16[at];
+          if (q4) line[WIDE_OUTPUTS + n] = m16[at];
+        } else {
+          scales[(g * B + b) * WIDE_OUTPUTS + n] = m.d[at];
+          if (q4) scales[(groups + g) * B * WIDE_OUTPUTS + b * WIDE_OUTPUTS + n] = m.m[at];
         }
-        halves[(g * B + b) * 2 * WIDE_OUTPUTS + n] = (uint16_t)scale;
-        halves[(g * B + b) * 2 * WIDE_OUTPUTS + WIDE_OUTPUTS + n] = (uint16_t)minimum;
-#else
-        scales[(g * B + b) * WIDE_OUTPUTS + n] = m.d[at];
-        if (q4) scales[(groups + g) * B * WIDE_OUTPUTS + b * WIDE_OUTPUTS + n] = m.m[at];
-#endif
         const uint8_t* raw = (const uint8_t*)m.raw + at * (q4 ? QK / 2 : QK);
         for (int64_t k = 0; k < words / WIDE_OUTPUTS; k++) std::memcpy(&out[k * WIDE_OUTPUTS + n], raw + 4 * k, 4);
       }
     }
   m.wide_codes = base;
 #ifdef VS_WIDE_AVX2
-  m.wide_halves = halves;
+  m.wide_halves = line_array;
 #else
-  m.wide_d = scales;
-  m.wide_m = q4 ? scales + groups * B * WIDE_OUTPUTS : nullptr;
+  if (halves) {
+    m.wide_stride = stride;
+  } else {
+    m.wide_d = scales;
+    m.wide_m = q4 ? scales + groups * B * WIDE_OUTPUTS : nullptr;
+  }
 #endif
 }
 #endif
@@ -1751,7 +1818,7 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
 #ifdef VS_WIDE
   if (w.wide_codes != nullptr) {
 #ifdef VS_AMX
-    if (M >= amx_min_rows()) {
+    if (M >= amx_min_rows() && w.wide_stride == 0) {  // the tiles read the float32 scales
       if (w.format == Q4)
         matmul_amx<true>(w, scratch, M, y, ldy);
       else
@@ -1761,12 +1828,13 @@ static void matmul(const Matrix& w, const float* x, int64_t M, float* y, int64_t
 #endif
     if (M <= wide_max_rows()) {
 #ifdef VS_WIDE_AVX2
-      matmul_wide_rows<true>(w, scratch, M, y, ldy);  // only 4-bit matrices carry the layout here
+      matmul_wide_rows<true, true>(w, scratch, M, y, ldy);  // only 4-bit matrices carry the layout here
 #else
+      const bool halves = w.wide_stride != 0;
       if (w.format == Q4)
-        matmul_wide_rows<true>(w, scratch, M, y, ldy);
+        halves ? matmul_wide_rows<true, true>(w, scratch, M, y, ldy) : matmul_wide_rows<true, false>(w, scratch, M, y, ldy);
       else
-        matmul_wide_rows<false>(w, scratch, M, y, ldy);
+        halves ? matmul_wide_rows<false, true>(w, scratch, M, y, ldy) : matmul_wide_rows<false, false>(w, scratch, M, y, ldy);
 #endif
       return add_bias(w, M, y, ldy);
     }
@@ -1922,6 +1990,7 @@ class Decoder {
     if (embed_.raw != head_.raw) {  // an embedding apart from the head is only read by rows
       embed_.wide_data = embed_.wide_scales = at::Tensor();
       embed_.wide_codes = nullptr, embed_.wide_d = embed_.wide_m = nullptr, embed_.wide_halves = nullptr;
+      embed_.wide_stride = 0;
     }
   }
 
@@ -2723,7 +2792,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("rows", &vs::Matrix::rows)
       .def_readonly("cols", &vs::Matrix::cols)
       .def_property_readonly(
-          "wide", [](const vs::Matrix& w) { return w.wide_codes != nullptr; }, "whether it carries the wide layout");
+          "wide", [](const vs::Matrix& w) { return w.wide_codes != nullptr; }, "whether it carries the wide layout")
+      .def_property_readonly(
+          "wide_halves", [](const vs::Matrix& w) { return w.wide_stride != 0 || w.wide_halves != nullptr; },
+          "whether its wide layout keeps the scales (and minimums) as float16");
   m.def("make_matrix", &vs::make_matrix, py::arg("format"), py::arg("rows"), py::arg("cols"), py::arg("data"),
         py::arg("scale") = py::none(), py::arg("minimum") = py::none(), py::arg("bias") = py::none());
   m.def("apply", &vs::Decoder::apply, "y = x W^T", py::call_guard<py::gil_scoped_release>());
