@@ -8,6 +8,10 @@ before the first point and stopped after the last (an idle server uses no CPU):
 
     verispec   verispec serve --drafter lookup --k auto   (speculation on, the governor picks k)
     plain      verispec serve --drafter none              (no speculation)
+    verispec-none  the verispec server's own process, its requests asking for no drafter
+               (``"speculative": {"drafter": "none"}``): plain decoding in the process that
+               speculates, so the two compare without the machine's per-process spread (a plain
+               step's time moved by up to ~25% from one process to the next; BENCHMARKS.md)
     suffix     verispec serve --drafter suffix --k auto --suffix-cache 0   (not run unless asked for;
                no cache of earlier requests: the prompts repeat every 64 requests, and a cache
                would draft whole answers from the first time round)
@@ -61,8 +65,10 @@ from verispec import models
 from verispec.cpu import cpu_threads
 from verispec.prompts import load_prompts, round_robin
 
-SERVERS = ("verispec", "plain", "llamacpp", "replicas1", "replicas2", "suffix")
-DEFAULT_SERVERS = SERVERS[:3]
+SERVERS = ("verispec", "plain", "llamacpp", "verispec-none", "replicas1", "replicas2", "suffix")
+DEFAULT_SERVERS = SERVERS[:4]
+# name: (the server whose process it runs in, what its requests ask for as "speculative")
+SAME_PROCESS = {"verispec-none": ("verispec", {"drafter": "none"})}
 SPECULATING = {"drafter": "lookup", "k": "auto"}
 VERISPEC_OPTIONS: dict[str, dict[str, Any]] = {
     "verispec": SPECULATING,
@@ -238,6 +244,8 @@ class Server:
     process: subprocess.Popen[bytes]
     url: str
     model: str  # the id its /v1/models lists, sent as the request's model
+    speculative: dict[str, Any] | None = None  # what its requests ask for (None: the server's default)
+    owner: bool = True  # whether it started the process (and stops it)
 
 
 # ggml's AMX matmul segfaults on the embedded Q4_1 model (see verispec.targets.llamacpp), and
@@ -277,6 +285,33 @@ def start(name: str, args: argparse.Namespace, gguf: Path, log_dir: Path) -> Ser
             wait_for_replicas(url, options["replicas"])
     model = httpx.get(url + "/v1/models", headers=_auth(), timeout=30).json()["data"][0]["id"]
     return Server(name, process, url, model)
+
+
+def start_all(names: list[str], args: argparse.Namespace, gguf: Path, log_dir: Path) -> list[Server]:
+    """The servers of ``names``, in that order; one that runs in another's process
+    (SAME_PROCESS) shares it where that one is started too, and starts it for itself where not."""
+    started: dict[str, Server] = {}
+    try:
+        for name in names:
+            host_name = SAME_PROCESS[name][0] if name in SAME_PROCESS else name
+            if name in SAME_PROCESS and host_name in names:
+                continue  # joins its host below
+            print(f"starting {name} ...", flush=True)
+            started[name] = start(host_name, args, gguf, log_dir)
+    except BaseException:
+        for server in started.values():
+            stop_server(server.process)
+        raise
+    servers = []
+    for name in names:
+        if name not in SAME_PROCESS:
+            servers.append(started[name])
+            continue
+        host_name, speculative = SAME_PROCESS[name]
+        own = started.get(name)
+        host = own if own is not None else started[host_name]
+        servers.append(Server(name, host.process, host.url, host.model, speculative, owner=own is not None))
+    return servers
 
 
 def wait_for_replicas(url: str, replicas: int, timeout: float = 600.0) -> None:
@@ -323,6 +358,8 @@ def request_bodies(server: Server, prompts: list[str], max_tokens: int) -> list[
     }
     if server.name == "llamacpp":
         body["repeat_penalty"] = 1.0  # its default is 1.1: greedy must be the plain argmax, as verispec's
+    if server.speculative is not None:
+        body["speculative"] = server.speculative
     return [{**body, "messages": [{"role": "user", "content": prompt}]} for prompt in prompts]
 
 
@@ -471,9 +508,7 @@ def main() -> None:
     }
     servers: list[Server] = []
     try:
-        for name in args.servers:
-            print(f"starting {name} ...", flush=True)
-            servers.append(start(name, args, Path(source.location), directory / "logs"))
+        servers = start_all(args.servers, args, Path(source.location), directory / "logs")
         for server in servers:
             asyncio.run(warm_up(server, request_bodies(server, prompts[:1], args.max_tokens)[0]))
         for index, clients in enumerate(args.concurrency):
@@ -484,7 +519,8 @@ def main() -> None:
                 save(document, directory)  # after every point: a run cut short keeps what it measured
     finally:
         for server in servers:
-            stop_server(server.process)
+            if server.owner:
+                stop_server(server.process)
     document["environment"]["load_average_after"] = os.getloadavg()
     save(document, directory)
     print(f"wrote {directory / 'results.json'}")
@@ -500,7 +536,7 @@ def measure(
         count_missing_tokens(point.records, tokenizer)
     row = summarize(server.name, clients, point, wall)
     print(
-        f"{clients:>3} clients  {server.name:<9} {row['tokens_per_s']:7.1f} tok/s  "
+        f"{clients:>3} clients  {server.name:<13} {row['tokens_per_s']:7.1f} tok/s  "
         f"TTFT p95 {_ms(row['ttft_p95_s'])} ms  finished {row['finished']}  errors {row['errors']}",
         flush=True,
     )

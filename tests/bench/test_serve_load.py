@@ -144,3 +144,37 @@ def test_llama_cpp_server_starts_and_answers_on_the_embedded_model(serve_load, t
         assert server.process.poll() is None  # still serving after the completion
     finally:
         serve_load.stop_server(server.process)
+
+
+def test_verispec_none_runs_in_the_verispec_servers_process_without_a_drafter(serve_load, tmp_path):
+    # "verispec-none" compares plain decoding with speculation inside one server process: it
+    # shares the verispec server's process and port, its requests ask for no drafter (the
+    # server answers that it used none), and only the verispec entry stops the process. Alone,
+    # it starts a verispec server of its own and stops it.
+    import httpx
+
+    from verispec import models
+
+    args = argparse.Namespace(model=None, max_queue=8)
+    gguf = models.embedded_gguf_path()
+    servers = serve_load.start_all(["verispec-none", "verispec"], args, gguf, tmp_path)
+    try:
+        none, speculating = servers
+        assert (none.name, speculating.name) == ("verispec-none", "verispec")
+        assert none.process is speculating.process and none.url == speculating.url
+        assert (none.owner, speculating.owner) == (False, True)
+        used = []
+        for server in servers:
+            body = serve_load.request_bodies(server, ["Name three colours."], 8)[0] | {"stream": False}
+            answer = httpx.post(server.url + "/v1/chat/completions", json=body, headers=serve_load._auth(), timeout=120)
+            assert answer.status_code == 200, answer.text
+            used.append(answer.json()["usage"]["speculative"]["drafter"])
+        assert used == ["none", "lookup"]
+    finally:
+        serve_load.stop_server(servers[1].process)
+    assert none.process.poll() is not None
+    alone = serve_load.start_all(["verispec-none"], args, gguf, tmp_path)
+    try:
+        assert [(s.name, s.owner, s.speculative) for s in alone] == [("verispec-none", True, {"drafter": "none"})]
+    finally:
+        serve_load.stop_server(alone[0].process)
