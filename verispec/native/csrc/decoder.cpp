@@ -2222,8 +2222,8 @@ class Decoder {
     if (segs.size() == 1 && segs[0].parent_row != nullptr) return attention_tree(qkv, segs[0], layer, out);
 #ifdef VS_AVX2
     if (D % 8 == 0) {
-      // A model with 3 query heads per KV head fills groups of 3 exactly: in many-row passes
-      // where every segment is a single row (batched decode steps), where groups of 4 would
+      // A model with 3 query heads per KV head fills groups of 3 exactly: in many-row passes,
+      // for each segment that is a single row (a batched decode step), where groups of 4 would
       // spend a quarter on a copy; and in short passes (under 16 queries a thread), where a
       // group reads each key and value once for its 3 heads instead of once per head, as
       // long as its tasks (KV heads x rows) still give every thread one. On the embedded
@@ -2231,8 +2231,8 @@ class Decoder {
       // tokens of context 10% faster, at 1,000 14%; 2 and 3 rows 6-11%.
       const int64_t threads = pass_threads();
       const bool many = M * heads_ >= 16 * threads;
-      // In many-row passes that mix single rows (decode steps) with longer segments (prompt
-      // chunks, verify rows), each segment takes its own size: 3 for a single row, 4 else.
+      // Segments of several rows (prompt chunks, verify rows) in a many-row pass take groups
+      // of 4, the single rows beside them groups of 3, each segment its own size.
       std::vector<int> sizes(segs.size());
       for (size_t s = 0; s < segs.size(); s++)
         sizes[s] = group == 3 && (many ? segs[s].count == 1 : kv_heads_ * M >= threads) ? 3 : many ? 4 : 1;
