@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,15 +177,13 @@ WIDE_FLOAT32_CHECK = """
 import numpy as np, torch
 from gguf import GGMLQuantizationType as GGML
 from gguf import quants
+from tests.native.test_kernels import matrix
 from verispec.native import formats, kernels
 ext = kernels.load()
 rng = np.random.default_rng(2)
 for name in ("Q4_0", "Q4_1", "Q8_0"):
     raw = quants.quantize((rng.standard_normal((36, 96)) * 0.05).astype(np.float32), GGML[name]).reshape(36, -1)
-    w = formats.from_ggml(raw, GGML[name], 36, 96)
-    packed = {k: torch.from_numpy(v) for k, v in w.pack().items()}
-    m = ext.make_matrix(formats.FORMATS.index(w.format), 36, 96, packed["data"], packed.get("scale"),
-                        packed.get("minimum"))
+    m = matrix(ext, formats.from_ggml(raw, GGML[name], 36, 96))
     assert m.wide and not m.wide_halves, (m.wide, m.wide_halves)
     for count in (*range(1, 12), 16, 17, 40):
         x = torch.from_numpy(rng.standard_normal((count, 96)).astype(np.float32) * 3)
@@ -200,7 +199,8 @@ def test_the_wide_kernels_with_float32_scales_give_what_the_vector_kernels_give(
     if not (ext.wide_available() and cpu.cpu_has_avx512_vnni()):
         pytest.skip("the float32 scales of the wide layout are AVX-512 VNNI's (this CPU has no such layout)")
     env = {**os.environ, "VERISPEC_WIDE_HALVES": "0"}
-    done = subprocess.run([sys.executable, "-c", WIDE_FLOAT32_CHECK], env=env, capture_output=True, text=True)
+    root = Path(__file__).resolve().parents[2]  # where ``tests`` imports from
+    done = subprocess.run([sys.executable, "-c", WIDE_FLOAT32_CHECK], env=env, cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "checked"
 

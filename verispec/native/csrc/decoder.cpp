@@ -1702,9 +1702,8 @@ static void prepack_wide(Matrix& m) {
   if (want_halves) {
     d16 = exact_halves(m.d, scale_count);
     if (q4 && !d16.empty()) m16 = exact_halves(m.m, scale_count);
-    if (d16.empty() || (q4 && m16.empty())) d16.clear();
   }
-  const bool halves = !d16.empty();
+  const bool halves = !d16.empty() && (!q4 || !m16.empty());
 #ifdef VS_WIDE_AVX2
   if (!halves) return;  // the vector kernels
   const int64_t stride = words * 4;  // codes only: the halves in their own array
@@ -2415,15 +2414,14 @@ class Decoder {
     const uint16_t* kc = (const uint16_t*)keys_[layer].data_ptr<int16_t>();
     const uint16_t* vc = (const uint16_t*)values_[layer].data_ptr<int16_t>();
     std::vector<int64_t> first_task(segs.size() + 1, 0);
-    int64_t longest = 0, work = 0;
+    int64_t longest = 0, widest_group = 1;
     for (size_t s = 0; s < segs.size(); s++) {
-      const int64_t tasks = kv_heads_ * ((segs[s].count * group + sizes[s] - 1) / sizes[s]);
-      first_task[s + 1] = first_task[s] + tasks;
+      first_task[s + 1] = first_task[s] + kv_heads_ * ((segs[s].count * group + sizes[s] - 1) / sizes[s]);
       longest = std::max(longest, segs[s].start + segs[s].count);
-      work += tasks * sizes[s] * (segs[s].start + segs[s].count);
+      widest_group = std::max<int64_t>(widest_group, sizes[s]);
     }
     const int64_t widest = (longest + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK * first_task.back() / std::max<int64_t>(1, work * D));
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (widest_group * longest * D));
     parallel_for(0, first_task.back(), grain, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(MAX_G * widest), queries(MAX_G * D), dummy(D);
       size_t s = 0;
