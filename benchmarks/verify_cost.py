@@ -14,7 +14,8 @@ A configuration ``native`` times verispec's native decoder with the file's own f
 the native decoder with its wide-layout kernels off (the vector kernels on every pass; where the
 CPU has no wide layout, neither AVX-512 VNNI nor AVX2 without VNNI, it is ``native``) and
 ``native-amxN`` with AMX tile products from N rows up, the wide layout's VNNI kernel below
-(the threshold's A/B, where the CPU has tiles);
+(the threshold's A/B, where the CPU has tiles); ``native-single`` with the AVX-512 wide layout's
+4-bit passes one group of outputs at a time at every row count (the pair kernel's A/B);
 ``llama.cpp`` times the llama.cpp backend on the embedded GGUF file, and ``llama.cpp:PATH`` on
 another GGUF file (another quantisation type, say):
 
@@ -35,8 +36,8 @@ from verispec.targets.torch_target import TorchTarget, parse_dtype
 
 def use_amx(config: str) -> None:
     """The wide-layout kernels at their default for every configuration but ``native-vector``
-    (off) and ``native-amxN`` (tiles from N rows up): one switch per process, set before each
-    one's passes."""
+    (off), ``native-amxN`` (tiles from N rows up) and ``native-single`` (no pair kernel): one
+    switch per process, set before each one's passes."""
     from verispec.native import kernels
 
     module = kernels.load()
@@ -44,6 +45,7 @@ def use_amx(config: str) -> None:
         kind = config.partition(":")[0]
         rows = 0 if kind == "native-vector" else int(kind[10:]) if kind.startswith("native-amx") else -1
         module.set_amx_min_rows(rows)
+        module.set_wide_pair_rows(0 if kind == "native-single" else -1)
 
 
 def main() -> None:
@@ -70,6 +72,7 @@ def main() -> None:
             path = {
                 "native": {},
                 "native-vector": {},
+                "native-single": {},
                 "native-torch": {"torch_path": True},
                 "native-compiled": {"torch_path": True, "compile": True},
             }

@@ -239,3 +239,32 @@ def test_the_wide_kernels_give_each_row_what_the_vector_kernels_give(ext, name, 
     finally:
         ext.set_amx_min_rows(-1)
     assert torch.equal(wide, vector)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 20])
+def test_two_groups_at_a_time_give_what_one_group_at_a_time_gives(ext, name, count):
+    # From WIDE_PAIR_ROWS rows (9) a 4-bit matrix with the float16 line runs two groups of 16
+    # outputs at a time (wide_rows_pair), in chunks of 6 rows (the last 1-6 as one chunk, 7 as
+    # 3 + 4, 8 as 4 + 4). Forced here from 1 row: every chunk size, against one group at a
+    # time (the pair kernel off), and each row against that row alone. 56 outputs: two pairs,
+    # the second's last group holding 8 outputs; 72 outputs: a last odd group alone.
+    if not ext.set_wide_pair_rows(1):
+        pytest.skip("the pair kernel runs on the AVX-512 VNNI wide layout only; this CPU has none")
+    try:
+        for outputs in (56, 72):
+            values = (RNG.standard_normal((outputs, 96)) * 0.05).astype(np.float32)
+            raw = quants.quantize(values, GGML[name]).reshape(outputs, -1)
+            m = matrix(ext, formats.from_ggml(raw, GGML[name], outputs, 96))
+            assert m.wide_halves, "the pair kernel needs the float16 line"
+            x = torch.from_numpy(RNG.standard_normal((count, 96)).astype(np.float32) * 3)
+            ext.set_wide_pair_rows(1)
+            pairs = ext.apply(m, x)
+            alone = [ext.apply(m, x[r : r + 1].contiguous()) for r in range(count)]
+            ext.set_wide_pair_rows(0)
+            groups = ext.apply(m, x)
+            assert torch.equal(pairs, groups), f"{outputs} outputs, {count} rows"
+            for r in range(count):
+                assert torch.equal(alone[r], groups[r : r + 1]), f"row {r} of {count}, {outputs} outputs"
+    finally:
+        ext.set_wide_pair_rows(-1)

@@ -1616,39 +1616,173 @@ static void wide_rows(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r
   }
 }
 
+// Rows r0 .. r0 + R times the two groups g and g + 1 of a 4-bit matrix in the layout with the
+// float16 line (wide_stride): each of a row's 4-code broadcasts feeds both groups' dpbusd, and
+// the block's row scale is broadcast once for both, so a pass with many rows issues ~30% fewer
+// instructions a product than wide_rows. Each output's float steps are wide_rows' (the same
+// products, converted, scaled and added block by block; the minimums in a chain of their own,
+// added last), so the bits are too. The minimums run in a second sweep over the group's lines
+// (still in L1): their accumulators would not fit in the registers beside the sums.
+// CHAINS: dpbusd chains a (row, group) and block; 2 hide dpbusd's latency where 4 rows give
+// 8 accumulators, 1 keeps 5 or 6 rows' 10-12 in the registers.
+// Measured alone (Zen 5, one thread, a 3072 x 576 and a 576 x 1536 matrix, 120 rows, L2
+// resident; dpbusd's peak is 554-575 GMAC/s a thread): wide_rows in chunks of 4 rows 327-339
+// GMAC/s; 2 groups x 4 rows 365-377, x 6 rows 364-386; 4 groups x 2-4 rows 342-373. Without
+// the float steps 2 groups x 4 rows reach 443-456: those steps (a convert, a multiply and two
+// fused adds a row, group and block beside 8 dpbusd, which share their pipes), not the loads,
+// keep the kernel at ~2/3 of the peak.
+template <int R, int CHAINS>
+static void wide_rows_pair(const Matrix& w, int64_t g, const QuantRows& xq, int64_t r0, float* y, int64_t ldy) {
+  constexpr int64_t CODE_BYTES = 256;
+  const int64_t B = w.blocks(), K = w.cols, stride = w.wide_stride;
+  const uint8_t* tiles[2] = {w.wide_codes + g * B * stride, w.wide_codes + (g + 1) * B * stride};
+  const float* DX = xq.d.data() + r0 * B;
+  const float* SX = xq.s.data() + r0 * B;
+  const int8_t* X = xq.q.data() + r0 * K;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[R][2];
+  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const bool fetch = r0 == 0;
+  for (int64_t b = 0; b < B; b++) {
+    if (fetch) {  // as wide_rows, in both groups; past their last block, the next pair's
+      const int64_t ahead = b + WIDE_PREFETCH_BLOCKS < B ? b + WIDE_PREFETCH_BLOCKS : b + WIDE_PREFETCH_BLOCKS + B;
+      for (int j = 0; j < 2; j++) {
+        const char* codes = (const char*)(tiles[j] + ahead * stride);
+        for (int64_t c = 0; c < stride; c += 64) _mm_prefetch(codes + c, WEIGHT_HINT);
+      }
+    }
+    __m512i part[R][2][CHAINS];
+    for (int r = 0; r < R; r++)
+      for (int j = 0; j < 2; j++)
+        for (int c = 0; c < CHAINS; c++) part[r][j][c] = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {  // a load's low nibbles are codes 4k.., its high ones 16 + 4k..
+      __m512i lo[2], hi[2];
+      for (int j = 0; j < 2; j++) {
+        const __m512i v = _mm512_loadu_si512(tiles[j] + b * stride + 64 * k);
+        lo[j] = _mm512_and_si512(v, low), hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+      for (int r = 0; r < R; r++) {
+        const int8_t* x = X + r * K + b * QK;
+        int32_t first, second;
+        std::memcpy(&first, x + 4 * k, 4);
+        std::memcpy(&second, x + 16 + 4 * k, 4);
+        const __m512i xf = _mm512_set1_epi32(first), xs = _mm512_set1_epi32(second);
+        for (int j = 0; j < 2; j++) {
+          __m512i& sum = part[r][j][k % CHAINS];
+          sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, lo[j], xf), hi[j], xs);
+        }
+      }
+    }
+    __m512 d[2];
+    for (int j = 0; j < 2; j++) d[j] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(tiles[j] + b * stride + CODE_BYTES)));
+    for (int r = 0; r < R; r++) {
+      const __m512 dx = _mm512_set1_ps(DX[r * B + b]);
+      for (int j = 0; j < 2; j++) {
+        __m512i sums = part[r][j][0];
+        for (int c = 1; c < CHAINS; c++) sums = _mm512_add_epi32(sums, part[r][j][c]);
+        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(d[j], dx), acc[r][j]);
+      }
+    }
+  }
+  for (int j = 0; j < 2; j++) {
+    __m512 minimum[R];
+    for (int r = 0; r < R; r++) minimum[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < B; b++) {
+      const __m512 mins = _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(tiles[j] + b * stride + CODE_BYTES + 32)));
+      for (int r = 0; r < R; r++) minimum[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(SX[r * B + b]), minimum[r]);
+    }
+    const int64_t valid = std::min<int64_t>(WIDE_OUTPUTS, w.rows - (g + j) * WIDE_OUTPUTS);
+    const __mmask16 store = (__mmask16)((1u << valid) - 1);
+    for (int r = 0; r < R; r++)
+      _mm512_mask_storeu_ps(y + (r0 + r) * ldy + (g + j) * WIDE_OUTPUTS, store, _mm512_add_ps(acc[r][j], minimum[r]));
+  }
+}
+
 #endif
 
 #ifdef VS_WIDE
-// y = x W^T for the M rows quantised in xq, wide_rows by groups of 16 outputs, the rows in
-// chunks of at most WIDE_CHUNK (a group's weights stay in L1 between chunks).
+// Group g's M rows, wide_rows in chunks of at most WIDE_CHUNK (a group's weights stay in L1
+// between chunks).
+template <bool Q4BLOCKS, bool HALVES>
+static void wide_group(const Matrix& w, int64_t g, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
+  for (int64_t r0 = 0, rows = 0; r0 < M; r0 += rows) {
+    // A last 1 or 2 rows join the chunk before them (WIDE_MERGE): one more read and
+    // unpacking of the group's weights for 1-2 rows cost more than wider accumulators.
+    rows = M - r0 <= WIDE_CHUNK + WIDE_MERGE ? M - r0 : WIDE_CHUNK;
+    switch (rows) {
+      case 1: wide_rows<Q4BLOCKS, 1, HALVES>(w, g, xq, r0, y, ldy); break;
+      case 2: wide_rows<Q4BLOCKS, 2, HALVES>(w, g, xq, r0, y, ldy); break;
+      case 3: wide_rows<Q4BLOCKS, 3, HALVES>(w, g, xq, r0, y, ldy); break;
+      case 4: wide_rows<Q4BLOCKS, 4, HALVES>(w, g, xq, r0, y, ldy); break;
+      case 5:
+#ifdef VS_WIDE_AVX2  // as 3 and 2 rows: on Zen 2 wide_rows<5> cost as much as 6 rows (its registers)
+        wide_rows<Q4BLOCKS, 3, HALVES>(w, g, xq, r0, y, ldy);
+        wide_rows<Q4BLOCKS, 2, HALVES>(w, g, xq, r0 + 3, y, ldy);
+#else
+        wide_rows<Q4BLOCKS, 5, HALVES>(w, g, xq, r0, y, ldy);
+#endif
+        break;
+      case 6: wide_rows<Q4BLOCKS, 6, HALVES>(w, g, xq, r0, y, ldy); break;
+      case 7: wide_rows<Q4BLOCKS, 7, HALVES>(w, g, xq, r0, y, ldy); break;
+      default: wide_rows<Q4BLOCKS, 8, HALVES>(w, g, xq, r0, y, ldy); break;
+    }
+  }
+}
+
+#ifndef VS_WIDE_AVX2
+// Passes of at least this many rows run a 4-bit matrix with the float16 line two groups at a
+// time (wide_rows_pair; set_wide_pair_rows moves it, 0: never). Zen 5, 2 cores, whole verify
+// passes at 300 tokens of context, the kernel switched on and off in one process (medians of
+// 15, the order rotating): 1-6 rows 7-13% slower with pairs (still bound by reading the
+// weights, two streams a thread cost more), 8 rows 3% slower, 9-10 rows 3-4% faster, 12-128
+// rows 5-6% faster. With chunks of 4 rows instead of 6, 12-128 rows gained 0-4%.
+// The prefetches must run ahead in both groups and on into the next pair: with each group's
+// prefetch carried on past its end into the group after it (as wide_rows does), every pair's
+// second group started cold and 8-16 rows ran 16-22% slower.
+constexpr int64_t WIDE_PAIR_ROWS = 9;
+static std::atomic<int64_t> wide_pair_rows_{-1};
+static int64_t wide_pair_rows() {
+  const int64_t rows = wide_pair_rows_.load();
+  return rows == 0 ? INT64_MAX : rows < 0 ? WIDE_PAIR_ROWS : rows;
+}
+
+// Pair p's M rows (groups 2p and 2p + 1), in chunks of 4 rows, a last 5 or 6 as one (the
+// chunk sizes of wide_group).
+static void wide_pair(const Matrix& w, int64_t p, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
+  for (int64_t r0 = 0, rows = 0; r0 < M; r0 += rows) {
+    const int64_t left = M - r0;
+    rows = left <= 6 ? left : left <= 8 ? left - 4 : 6;
+    switch (rows) {
+      case 1: wide_rows_pair<1, 2>(w, 2 * p, xq, r0, y, ldy); break;
+      case 2: wide_rows_pair<2, 2>(w, 2 * p, xq, r0, y, ldy); break;
+      case 3: wide_rows_pair<3, 2>(w, 2 * p, xq, r0, y, ldy); break;
+      case 4: wide_rows_pair<4, 2>(w, 2 * p, xq, r0, y, ldy); break;
+      case 5: wide_rows_pair<5, 1>(w, 2 * p, xq, r0, y, ldy); break;
+      default: wide_rows_pair<6, 1>(w, 2 * p, xq, r0, y, ldy); break;
+    }
+  }
+}
+#endif
+
+// y = x W^T for the M rows quantised in xq by groups of 16 outputs over threads: wide_group,
+// or with enough rows (a 4-bit matrix with the float16 line) wide_pair and a last odd group
+// alone.
 template <bool Q4BLOCKS, bool HALVES>
 static void matmul_wide_rows(const Matrix& w, const QuantRows& xq, int64_t M, float* y, int64_t ldy) {
   const int64_t groups = (w.rows + WIDE_OUTPUTS - 1) / WIDE_OUTPUTS;
+#ifndef VS_WIDE_AVX2
+  if (Q4BLOCKS && HALVES && M >= wide_pair_rows()) {
+    const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (2 * WIDE_OUTPUTS * w.cols * M));
+    parallel_for(0, (groups + 1) / 2, grain, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; p++)
+        2 * p + 1 < groups ? wide_pair(w, p, xq, M, y, ldy) : wide_group<Q4BLOCKS, HALVES>(w, 2 * p, xq, M, y, ldy);
+    });
+    return;
+  }
+#endif
   const int64_t grain = std::max<int64_t>(1, MIN_PARALLEL_WORK / (WIDE_OUTPUTS * w.cols * M));
   parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; g++)
-      for (int64_t r0 = 0, rows = 0; r0 < M; r0 += rows) {
-        // A last 1 or 2 rows join the chunk before them (WIDE_MERGE): one more read and
-        // unpacking of the group's weights for 1-2 rows cost more than wider accumulators.
-        rows = M - r0 <= WIDE_CHUNK + WIDE_MERGE ? M - r0 : WIDE_CHUNK;
-        switch (rows) {
-          case 1: wide_rows<Q4BLOCKS, 1, HALVES>(w, g, xq, r0, y, ldy); break;
-          case 2: wide_rows<Q4BLOCKS, 2, HALVES>(w, g, xq, r0, y, ldy); break;
-          case 3: wide_rows<Q4BLOCKS, 3, HALVES>(w, g, xq, r0, y, ldy); break;
-          case 4: wide_rows<Q4BLOCKS, 4, HALVES>(w, g, xq, r0, y, ldy); break;
-          case 5:
-#ifdef VS_WIDE_AVX2  // as 3 and 2 rows: on Zen 2 wide_rows<5> cost as much as 6 rows (its registers)
-            wide_rows<Q4BLOCKS, 3, HALVES>(w, g, xq, r0, y, ldy);
-            wide_rows<Q4BLOCKS, 2, HALVES>(w, g, xq, r0 + 3, y, ldy);
-#else
-            wide_rows<Q4BLOCKS, 5, HALVES>(w, g, xq, r0, y, ldy);
-#endif
-            break;
-          case 6: wide_rows<Q4BLOCKS, 6, HALVES>(w, g, xq, r0, y, ldy); break;
-          case 7: wide_rows<Q4BLOCKS, 7, HALVES>(w, g, xq, r0, y, ldy); break;
-          default: wide_rows<Q4BLOCKS, 8, HALVES>(w, g, xq, r0, y, ldy); break;
-        }
-      }
+    for (int64_t g = g0; g < g1; g++) wide_group<Q4BLOCKS, HALVES>(w, g, xq, M, y, ldy);
   });
 }
 
@@ -1770,6 +1904,18 @@ static int64_t wide_max_rows() {
   return WIDE_AVX2_ROWS_MAX;
 #else
   return amx_available() ? WIDE_ROWS_MAX : INT64_MAX;
+#endif
+}
+
+// Sets the rows from which 4-bit passes run two groups at a time (0: never; -1: the default,
+// WIDE_PAIR_ROWS); returns whether that kernel exists here (AVX-512 VNNI's wide layout).
+static bool set_wide_pair_rows(int64_t rows) {
+#if defined(VS_WIDE) && !defined(VS_WIDE_AVX2)
+  wide_pair_rows_.store(std::max<int64_t>(-1, rows));
+  return true;
+#else
+  (void)rows;
+  return false;
 #endif
 }
 
@@ -2820,6 +2966,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wide_available", &vs::wide_available, "whether quantised matrices carry the wide layout");
   m.def("set_amx_min_rows", &vs::set_amx_min_rows,
         "passes of >= rows take AMX tiles (-1: default; 0: neither tiles nor the wide layout's VNNI kernel)",
+        py::arg("rows"));
+  m.def("set_wide_pair_rows", &vs::set_wide_pair_rows,
+        "4-bit passes of >= rows run two groups of outputs at a time (-1: default; 0: never); "
+        "whether that kernel exists here",
         py::arg("rows"));
   py::class_<vs::Decoder>(m, "Decoder")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, int64_t>(),
