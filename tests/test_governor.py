@@ -357,19 +357,26 @@ def test_costs_are_a_line_through_the_calibration_and_floor_at_one_step():
 
 def test_drafting_is_ruled_out_only_where_no_k_pays_beside_the_load_at_full_acceptance():
     """Rows at 2.3 ms beyond a 4.7 ms step. Beside 3 other requests 8 drafts all accepted give
-    12 / 4 of the batch's tokens for 2.6 of its plain passes: a proposal may pay. Beside 15,
-    16 + k tokens for the batch's 16 never clear 1.03 x the passes' cost."""
+    12 / 4 of the batch's tokens for 2.6 of its plain passes: a proposal may pay. Beside 15, a
+    pass of 16 takes 39.2 ms, 2.45 ms a token: one draft accepted pays its 2.3 ms row, by more
+    than the request's margin (``batch_floor``). Beside others that commit 40 tokens a pass
+    (drafting themselves), or with rows at 5 ms (dearer than a token of the pass), no k pays."""
     model = CostModel.line(0.0047, 0.0023)
     governor = Governor(8, model, shadow=True, start=[0.9])
     assert governor.load_allows_drafting()  # alone
     governor.load = Load(rows=3, tokens=3.0)
     assert governor.load_allows_drafting()
     governor.load = Load(rows=15, tokens=15.0)
+    assert governor.load_allows_drafting()
+    assert (1 + 0.03 / 16) * model.verify(17) / model.verify(16) < 17 / 16  # the bound it checks at k = 1
+    governor.load = Load(rows=15, tokens=40.0)  # the others drafting: a pass commits more
+    assert not governor.load_allows_drafting() and governor.best().k == 0
+    dear = CostModel.line(0.0047, 0.005)
+    governor = Governor(8, dear, shadow=True, start=[0.9])
+    governor.load = Load(rows=15, tokens=15.0)
     assert not governor.load_allows_drafting() and governor.best().k == 0
     for k in range(1, 9):  # the bound it checks
-        assert (16 + k) / 16 < 1.03 * model.verify(16 + k) / model.verify(16)
-    governor.load = Load(rows=15, tokens=40.0)  # the others drafting: a pass commits more
-    assert not governor.load_allows_drafting()
+        assert (16 + k) / 16 < (1 + 0.03 / 16) * dear.verify(16 + k) / dear.verify(16)
     cheap = Governor(8, CostModel.line(0.0047, 0.0005), shadow=True)  # rows at a tenth of a step
     cheap.load = Load(rows=15, tokens=15.0)
     assert cheap.load_allows_drafting()
@@ -378,13 +385,15 @@ def test_drafting_is_ruled_out_only_where_no_k_pays_beside_the_load_at_full_acce
 
 def test_the_load_checks_in_constant_time_decide_as_every_k_would():
     """``best`` and ``load_allows_drafting`` check k = 1 and k_max only (the speed-up bound is
-    monotone in k): on 4,000 random governors (costs per token or per proposal, catch-ups,
-    shadowing or not, loads from alone to 31 others, acceptances anywhere in [0, 1]) they
-    decide exactly as a search over every k does."""
+    monotone in k), through the least position-1 acceptance that could pay (``first_needed``):
+    on 4,000 random governors (costs per token or per proposal, catch-ups, shadowing or not,
+    loads from alone to 31 others, acceptances anywhere in [0, 1]) they decide exactly as a
+    search over every k does, with every draft accepted and with a random acceptance at
+    position 1."""
     from verispec.governor import MIN_GAIN
 
     rng = np.random.default_rng(7)
-    drafted = 0
+    drafted = allowed = 0
     for case in range(4000):
         per_proposal = bool(case % 2)
         shadow = per_proposal and case % 4 == 1
@@ -401,6 +410,7 @@ def test_the_load_checks_in_constant_time_decide_as_every_k_would():
         rows = int(rng.choice([0, rng.integers(1, 32)]))
         governor.load = Load(rows, float(rows * rng.uniform(0.5, 3.0)))
         floor = float(rng.choice([MIN_GAIN, 1.01, 1.2]))
+        share = governor.load.tokens + 1.0  # the margin is the request's own (``batch_floor``)
         plain = model.verify(rows + 1)
         tokens = rounds.expected_tokens_by_k(governor.estimates().expected(k_max))
         speeds = [
@@ -410,7 +420,7 @@ def test_the_load_checks_in_constant_time_decide_as_every_k_would():
             for k in range(1, k_max + 1)
         ]
         best = max(range(1, k_max + 1), key=lambda k: (speeds[k - 1], -k), default=0)
-        expected = best if best and speeds[best - 1] >= floor else 0
+        expected = best if best and speeds[best - 1] >= 1.0 + (floor - 1.0) / share else 0
         assert governor.best(floor).k == expected, (case, speeds, floor)
         full = [
             (governor.load.tokens + 1.0 + k)
@@ -418,10 +428,23 @@ def test_the_load_checks_in_constant_time_decide_as_every_k_would():
             / max(1.0, (governor._drafting_seconds(k) + model.verify(rows + 1 + k)) / plain)
             for k in range(1, k_max + 1)
         ]
-        allows = k_max > 0 if rows == 0 else any(speed >= MIN_GAIN for speed in full)
+        gain = 1.0 + (MIN_GAIN - 1.0) / share
+        allows = k_max > 0 if rows == 0 else any(speed >= gain for speed in full)
         assert governor.load_allows_drafting() == allows, (case, full)
+        # At an acceptance a_1 at position 1 and every later draft accepted: 1 + k a_1 tokens.
+        first = float(rng.uniform(0.0, 1.0))
+        capped = [
+            (governor.load.tokens + 1.0 + k * first)
+            / (governor.load.tokens + 1.0)
+            / max(1.0, (governor._drafting_seconds(k) + model.verify(rows + 1 + k)) / plain)
+            for k in range(1, k_max + 1)
+        ]
+        allows = k_max > 0 if rows == 0 else any(speed >= gain for speed in capped)
+        assert governor.load_allows_drafting(first) == allows, (case, first, capped)
+        allowed += allows
         drafted += expected > 0
     assert 400 < drafted < 3600  # both verdicts are common in the sample
+    assert 400 < allowed < 3600
 
 
 def test_a_pass_that_read_prompt_chunks_does_not_price_rows():
@@ -636,7 +659,8 @@ def test_under_load_k_maximises_the_batch_throughput_and_shrinks(acceptance):
         k = governor.next_k().k
         speeds = {j: batch_speed(j, acceptance, model, load) for j in range(9)}
         best = max(speeds, key=speeds.get)
-        assert k == (best if speeds[best] >= MIN_GAIN else 0), (load, speeds)
+        margin = 1.0 + (MIN_GAIN - 1.0) / (load.tokens + 1.0)  # the request's own (``batch_floor``)
+        assert k == (best if speeds[best] >= margin else 0), (load, speeds)
         chosen.append(k)
     assert chosen == sorted(chosen, reverse=True) and chosen[-1] < max(chosen[0], 1)
     alone = Governor(8, model, adapt_costs=False, start=[acceptance] * 8)

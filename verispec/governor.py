@@ -51,10 +51,15 @@ pass, and the tokens they are expected to commit in it), a round of k drafts is 
 batch: it yields ``(S + E(k)) / (S + 1)`` times the batch's plain tokens for
 ``(d(k) + r(R + 1 + k)) / r(R + 1)`` of its plain passes, R and S the others' rows and tokens,
 so k shrinks as load grows and drafting stops where it would lower the batch's throughput.
-Alone (R = S = 0) this is the formula above. Verify timings then count for the pass's rows,
-except a pass that also read other requests' prompt chunks (rows of another kind, whose time
-says little of a verify row's). Where no k could pay even if every draft were accepted
-(``load_allows_drafting``), a shadowing planner does not ask the drafter at all.
+Alone (R = S = 0) this is the formula above. The margin MIN_GAIN is the request's own: the
+batch's speed-up must clear 1 + (MIN_GAIN - 1) / (S + 1) (``batch_floor``). Verify timings
+then count for the pass's rows, except a pass that also read other requests' prompt chunks
+(rows of another kind, whose time says little of a verify row's). Where no k could pay even
+if every draft were accepted (``load_allows_drafting``), a shadowing planner does not ask the
+drafter at all; where none could at the best position-1 estimate a proposal could be judged
+by (``first_needed``, ``first_ceiling``), a proposal is evidence only, and the planner asks
+for one in a few rounds (``RequestPlanner._evidence_due``): beside 15 requests each round's
+Python is paid by the whole batch.
 
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
 output distribution, is untouched.
@@ -118,7 +123,8 @@ CLIP = 2.0  # a timing counts at most CLIP times, at least 1 / CLIP of its predi
 PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
 # Draft only when the predicted speed-up clears plain decoding by this factor: the margin
 # absorbs estimation noise, and it bounds the rounds an always-wrong drafter gets even when
-# verifying extra rows is almost free (see ALWAYS_WRONG_BOUND).
+# verifying extra rows is almost free (see ALWAYS_WRONG_BOUND). Beside a batch it is a margin
+# on the request's own share of the batch's tokens (``Governor.batch_floor``).
 MIN_GAIN = 1.03
 FIRST_BACKOFF = 4  # plain rounds before the first re-probe
 # The back-off doubles up to the longer of MAX_BACKOFF and the length that keeps the probes'
@@ -475,6 +481,8 @@ class Governor:
         # Later children of trees: taken over predicted (``tree_sizing.BranchCalibration``).
         self.branching = copy.copy(branching) if branching is not None else BranchCalibration()
         self.decisions = 0  # next_k calls
+        self._needed_key: tuple[object, ...] | None = None  # ``first_needed``'s cache
+        self._needed = math.inf
         self.carried = schedule
         if schedule is not None and not shadow and self.remembered and self.k_max > 0 and self.best().k == 0:
             # Known not to pay: the engine's probes go on at their spacing (PROBE_BUDGET).
@@ -489,23 +497,19 @@ class Governor:
 
     def best(self, floor: float = MIN_GAIN) -> Decision:
         """The k with the most predicted tokens per unit time, by the theory; plain (k 0)
-        where its predicted speed-up is below ``floor``."""
+        where its predicted speed-up is below ``floor`` (beside a batch: ``batch_floor``)."""
+        floor = self.batch_floor(floor)
         best, estimates = Decision(0, 1.0), self.estimates(self.current)
         # A round of k yields at most 1 + k a_1 tokens (every later acceptance is at most 1)
         # and costs at least one step: below the gain even at k_max, no k pays. This is the
         # plain round of a drafter that keeps missing, the one whose bookkeeping must be free.
-        first = estimates.expected(1)[0]
-        if 1.0 + self.k_max * first < floor:
+        # Beside a batch too (``first_needed``): beside 15 requests most rounds stop here (the
+        # loop below read the line k_max times for them).
+        first = estimates.acceptance[0] if estimates.acceptance else PRIOR_ACCEPTANCE
+        if 1.0 + self.k_max * first < floor or first < self.first_needed(floor):
             return best
         load = self.load
         plain = self.costs.verify(load.rows + 1)
-        # The same bound beside a batch, in O(1): with at most 1 + k a_1 tokens a round, the
-        # speed-up is at most a ratio of two lines in k (the round's seconds are one), which
-        # is monotone, so at k = 1 or k_max if anywhere. Beside 15 requests most rounds stop
-        # here (the loop below read the line k_max times for them).
-        bound = self._best_bound
-        if bound(1.0 + first, 1, plain) < floor and bound(1.0 + self.k_max * first, self.k_max, plain) < floor:
-            return best
         tokens = rounds.expected_tokens_by_k(estimates.expected(self.k_max))
         for k, seconds in enumerate(self._round_seconds_by_k(), start=1):
             cost = max(1.0, seconds / plain)
@@ -514,25 +518,72 @@ class Governor:
                 best = Decision(k, speed)
         return best if best.predicted_speedup >= floor else Decision(0, 1.0)
 
-    def load_allows_drafting(self) -> bool:
-        """Whether some k could pay beside the load were every draft accepted (it yields
-        ``(S + 1 + k) / (S + 1)`` of the batch's plain tokens then). Where none could, what a
-        proposal says cannot make the round draft: a shadowing planner does not ask for it.
-        Beside 15 other requests' rows on 2 Zen 2 cores no k pays (a 17th row cost 4.7 ms
-        beside a 31 ms pass of 16), and the 16 proposals of each pass were 2-3% of its time."""
+    def load_allows_drafting(self, first: float = 1.0) -> bool:
+        """Whether some k could pay beside the load were the acceptance at draft position 1
+        ``first`` and every later draft accepted (a round yields at most ``1 + k first``
+        tokens, ``(S + 1 + k first) / (S + 1)`` of the batch's plain tokens). With ``first``
+        1 (every draft accepted): where no k could pay, what a proposal says cannot make the
+        round draft, and a shadowing planner does not ask for it. Beside 15 other requests'
+        rows on 2 Zen 2 cores no k paid (a 17th row cost 4.7 ms beside a 31 ms pass of 16),
+        and the 16 proposals of each pass were 2-3% of its time. With ``first`` the best
+        estimate a proposal of this request could be judged by (``first_ceiling``): where no
+        k could pay at it, a proposal can only be evidence (see ``RequestPlanner.plan``)."""
         if self.load.rows == 0 or self.k_max == 0:
             return self.k_max > 0
-        # k + 1 tokens against a round's seconds, both lines in k: if some k clears the gain,
-        # k = 1 or k_max does (their difference is a line too).
-        bound, plain = self._best_bound, self.costs.verify(self.load.rows + 1)
-        return bound(2.0, 1, plain) >= MIN_GAIN or bound(1.0 + self.k_max, self.k_max, plain) >= MIN_GAIN
+        return first >= self.first_needed(self.batch_floor(MIN_GAIN))
 
-    def _best_bound(self, tokens: float, k: int, plain: float) -> float:
-        """The batch's speed-up (over its plain step, ``plain`` seconds) of a round of k drafts
-        that yields ``tokens``, priced as ``best`` prices it."""
-        load = self.load
-        seconds = self._drafting_seconds(k) + self.costs.verify(load.rows + 1 + k)
-        return (load.tokens + tokens) / (load.tokens + 1.0) / max(1.0, seconds / plain)
+    def batch_floor(self, floor: float) -> float:
+        """The speed-up of the batch's plain pass that a round must clear beside the load for
+        the request's own to clear ``floor``: 1 + (floor - 1) / (S + 1), S the others' tokens
+        (alone, ``floor``). A margin for the noise in the request's estimates, whose effect on
+        the batch's speed-up is 1 / (S + 1) of its effect on the request's own: applied to the
+        batch whole, MIN_GAIN asked a request beside 15 others for half a token a round beyond
+        what its rows cost, and lookup drafted in 1.7% of rounds at 16 clients, 11% with the
+        margin scaled (2 Zen 5 cores; 80% of its drafts accepted)."""
+        return 1.0 + (floor - 1.0) / (self.load.tokens + 1.0)
+
+    def first_needed(self, floor: float = MIN_GAIN) -> float:
+        """The least acceptance a_1 at draft position 1 with which some k could clear
+        ``floor`` beside the load, a round yielding at most 1 + k a_1 tokens (every later
+        draft accepted): with S the others' tokens and c_k the round's cost in the batch's
+        plain passes (``best``'s prices), k pays at most (S + 1 + k a_1) / ((S + 1) c_k), so
+        a_1 >= (S + 1) (floor c_k - 1) / k. The bound is a ratio of two lines in k, monotone,
+        so k = 1 or k_max needs the least. Inf where k_max is 0. Kept until the load, the
+        floor or the costs change (they are its key): a governed round beside a load reads it two or three times
+        (its bound checks took ~2 us each)."""
+        costs = self.costs
+        key = (
+            self.load,
+            floor,
+            self.proposed_last,
+            costs.step_seconds,
+            costs.row_xx,
+            costs.row_xy,
+            costs.draft_seconds_per_token,
+            costs.draft_seconds_per_proposal,
+            costs.catch_up_seconds,
+        )
+        if key == self._needed_key:
+            return self._needed
+        needed = math.inf
+        if self.k_max > 0:
+            load = self.load
+            plain = costs.verify(load.rows + 1)
+            for k in (1, self.k_max):
+                cost = max(1.0, (self._drafting_seconds(k) + costs.verify(load.rows + 1 + k)) / plain)
+                needed = min(needed, (load.tokens + 1.0) * (floor * cost - 1.0) / k)
+        self._needed_key, self._needed = key, needed
+        return needed
+
+    def first_ceiling(self) -> float:
+        """The highest acceptance at draft position 1 that the next proposal could be judged
+        by, whatever its source: the best of the sources' estimates, and the start of a source
+        not seen yet (``best`` reads the proposal's own)."""
+        ceiling = self._default_start[0] if self._default_start else PRIOR_ACCEPTANCE
+        for estimates in self.sources.values():
+            if estimates.acceptance and estimates.acceptance[0] > ceiling:
+                ceiling = estimates.acceptance[0]
+        return ceiling
 
     def _round_seconds_by_k(self) -> list[float]:
         """``_round_seconds(k)`` for k = 1..k_max, the costs' line read once: every round of a
@@ -629,7 +680,7 @@ class Governor:
         def steps(n: int) -> float:
             return max(1.0, self._round_seconds(n if drafted is None else drafted, rows=n) / plain)
 
-        choice = best_nodes(chances, steps, len(parents), self.load.tokens, MIN_GAIN)
+        choice = best_nodes(chances, steps, len(parents), self.load.tokens, self.batch_floor(MIN_GAIN))
         self.plain_by_governor += int(self.shadow and not choice.nodes)
         return choice
 

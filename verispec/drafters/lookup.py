@@ -7,7 +7,8 @@ proposal's source is n: a match of three tokens is right more often than a match
 the governor keeps its acceptance estimates per source.
 
 An index maps every n-gram to the position right after its latest occurrence; it is
-extended as tokens are committed, so a proposal costs O(max_ngram), not a scan.
+extended with the tokens committed since the last proposal when the next is asked for, so a
+proposal costs O(max_ngram) per new token, not a scan.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ class LookupDrafter:
         return NO_DRAFT
 
     def observe(self, context: Sequence[int], accepted: int) -> None:
-        self._sync(context)
+        # ``propose`` catches the index up with the context: a round whose planner does not
+        # ask for a proposal (a plain round beside a load) costs nothing here.
+        pass
 
     def _sync(self, context: Sequence[int]) -> None:
         known = len(self.tokens)
@@ -66,12 +69,13 @@ class LookupDrafter:
             self._extend(context)
 
     def _extend(self, new_tokens: Sequence[int]) -> None:
-        tokens = self.tokens
+        tokens, index, low, high = self.tokens, self.index, self.min_ngram, self.max_ngram
         for token in new_tokens:
             # Every n-gram ending at the current last token is now followed by ``token``.
             end = len(tokens)
-            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                self.index[n][tuple(tokens[end - n : end])] = end
+            longest = tuple(tokens[end - high : end]) if end >= high else tuple(tokens)
+            for n in range(low, len(longest) + 1):
+                index[n][longest[-n:]] = end
             tokens.append(int(token))
 
 
