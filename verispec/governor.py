@@ -58,7 +58,7 @@ then count for the pass's rows, except a pass that also read other requests' pro
 if every draft were accepted (``load_allows_drafting``), a shadowing planner does not ask the
 drafter at all; where none could at the best position-1 estimate a proposal could be judged
 by (``first_needed``, ``first_ceiling``), a proposal is evidence only, and the planner asks
-for one in a few rounds (``RequestPlanner._evidence_due``): beside 15 requests each round's
+for one in a few rounds (``RequestPlanner._asks_beside_load``): beside 15 requests each round's
 Python is paid by the whole batch.
 
 The governor only decides how many tokens are drafted. The acceptance rule, and so the
@@ -658,6 +658,15 @@ class Governor:
         elif decision.k > 0:
             self.backoff = self.first_backoff()
         return decision
+
+    def plain_for(self, source: Source = None) -> Decision:
+        """A plain round whose proposal, from ``source``, is a shadow only: no k could pay at
+        the best estimate any proposal could be judged by (``first_ceiling``), so nothing is
+        weighed. Counted as ``next_k`` counts a plain decision."""
+        self.current = source
+        self.decisions += 1
+        self.plain_by_governor += 1
+        return Decision(0, 1.0)
 
     def tree(
         self, parents: Sequence[int], frequencies: Sequence[float], source: Source = None, drafted: int | None = None
