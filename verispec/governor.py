@@ -527,7 +527,7 @@ class Governor:
         rows on 2 Zen 2 cores no k paid (a 17th row cost 4.7 ms beside a 31 ms pass of 16),
         and the 16 proposals of each pass were 2-3% of its time. With ``first`` the best
         estimate a proposal of this request could be judged by (``first_ceiling``): where no
-        k could pay at it, a proposal can only be evidence (see ``RequestPlanner.plan``)."""
+        k could pay at it, a proposal can only be evidence (``RequestPlanner._asks_beside_load``)."""
         if self.load.rows == 0 or self.k_max == 0:
             return self.k_max > 0
         return first >= self.first_needed(self.batch_floor(MIN_GAIN))
@@ -549,8 +549,8 @@ class Governor:
         plain passes (``best``'s prices), k pays at most (S + 1 + k a_1) / ((S + 1) c_k), so
         a_1 >= (S + 1) (floor c_k - 1) / k. The bound is a ratio of two lines in k, monotone,
         so k = 1 or k_max needs the least. Inf where k_max is 0. Kept until the load, the
-        floor or the costs change (they are its key): a governed round beside a load reads it two or three times
-        (its bound checks took ~2 us each)."""
+        floor or the costs change (they are its key): a governed round beside a load may read
+        it two or three times (its bound checks took ~2 us each)."""
         costs = self.costs
         key = (
             self.load,
