@@ -24,7 +24,8 @@ before the first point and stopped after the last (an idle server uses no CPU):
 
 Within one point the servers run one after another for the same duration: they cannot be
 interleaved, since each needs the machine to itself while it is measured. The order rotates
-from point to point so that drift of the machine (heat, other load) spreads over all.
+from point to point, and again each time a point repeats, so that drift of the machine (heat,
+other load) spreads over all.
 
 Reported per server and point, over the requests that finished:
     tok/s       completion tokens of finished requests / the point's wall time (send + grace)
@@ -34,6 +35,10 @@ Reported per server and point, over the requests that finished:
     tok/chunk   completion tokens / chunks with text
 Completion tokens come from the usage chunk (``stream_options.include_usage``); llama-cpp-python
 sends none, so its streamed text is counted with the model's tokenizer after the point ends.
+
+Below the table, the ratios the targets are stated in: each server's median tok/s at a point
+over its own at 1 client, and each run over the same repeat's run of ``plain`` and of
+``verispec-none`` (list a point twice, ``--concurrency 1,4,16,1,4,16``, to repeat it).
 
 Writes ``results.json``, ``table.md`` and ``serve_load.png`` (tok/s and p95 TTFT against
 concurrency) into ``--out``; ``--replot results.json`` redraws the plot and table from a file.
@@ -396,8 +401,65 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+REFERENCES = ("plain", "verispec-none")  # what speculating servers are divided by
+
+
+def _ratios(values: list[float]) -> str:
+    """Each run's ratio, and their median where there are several."""
+    if not values:
+        return "-"
+    each = ", ".join(f"{v:.3f}" for v in values)
+    return each if len(values) == 1 else f"{each} (median {statistics.median(values):.3f})"
+
+
+def ratio_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the issue's targets read from a run, per concurrency and server: the median tok/s
+    over the point's runs (a point listed twice in ``--concurrency`` runs twice), that median
+    over the same server's at 1 client, and each run's tok/s over the reference servers' run
+    of the same repeat (the n-th run of a point against the n-th of the reference): runs of
+    one repeat lie minutes apart, the repeats themselves further."""
+    runs: dict[tuple[int, str], list[float]] = {}
+    for row in rows:  # in run order
+        runs.setdefault((row["concurrency"], row["server"]), []).append(row["tokens_per_s"])
+    out: list[dict[str, Any]] = []
+    for (clients, server), speeds in sorted(runs.items(), key=lambda kv: (kv[0][0], SERVERS.index(kv[0][1]))):
+        alone = runs.get((1, server))
+        entry: dict[str, Any] = {
+            "concurrency": clients,
+            "server": server,
+            "runs": len(speeds),
+            "tokens_per_s": statistics.median(speeds),
+            "times_one_client": statistics.median(speeds) / statistics.median(alone) if alone else None,
+        }
+        for reference in REFERENCES:
+            theirs = runs.get((clients, reference), [])
+            pairs = [] if reference == server else list(zip(speeds, theirs, strict=False))
+            entry[f"over_{reference}"] = [mine / base for mine, base in pairs if base > 0]
+        out.append(entry)
+    return out
+
+
+def ratio_table(rows: list[dict[str, Any]]) -> str:
+    """``ratio_rows`` as GitHub markdown."""
+    names = ("clients", "server", "runs", "tok/s (median)", "x its 1 client", "/ plain, each run")
+    lines = ["| " + " | ".join((*names, "/ verispec-none, each run")) + " |", "|" + "---|" * 7]
+    for entry in ratio_rows(rows):
+        times = entry["times_one_client"]
+        cells = [
+            str(entry["concurrency"]),
+            entry["server"],
+            str(entry["runs"]),
+            f"{entry['tokens_per_s']:.1f}",
+            "-" if times is None else f"{times:.2f}",
+            *(_ratios(entry[f"over_{reference}"]) for reference in REFERENCES),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """Total tok/s and p95 TTFT against concurrency, one line per server."""
+    """Total tok/s and p95 TTFT against concurrency, one line per server (a point run more
+    than once drawn at its runs' medians)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -405,10 +467,13 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
 
     fig, (speed, first) = plt.subplots(1, 2, figsize=(11, 4.5))
     for server in [s for s in SERVERS if any(r["server"] == s for r in rows)]:
-        mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["concurrency"])
-        clients = [r["concurrency"] for r in mine]
-        speed.plot(clients, [r["tokens_per_s"] for r in mine], marker="o", label=server)
-        ttft = [(r["concurrency"], r["ttft_p95_s"]) for r in mine if r["ttft_p95_s"] is not None]
+        mine = [r for r in rows if r["server"] == server]
+        clients = sorted({r["concurrency"] for r in mine})
+        at = {c: [r for r in mine if r["concurrency"] == c] for c in clients}
+        speeds = [statistics.median(r["tokens_per_s"] for r in at[c]) for c in clients]
+        speed.plot(clients, speeds, marker="o", label=server)
+        ttft = [(c, [r["ttft_p95_s"] for r in at[c] if r["ttft_p95_s"] is not None]) for c in clients]
+        ttft = [(c, statistics.median(t)) for c, t in ttft if t]
         first.plot([c for c, _ in ttft], [t for _, t in ttft], marker="o", label=server)
     points = sorted({r["concurrency"] for r in rows})
     for ax in (speed, first):
@@ -430,7 +495,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
 
 def write_outputs(document: dict[str, Any], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(document["rows"])
+    table = markdown_table(document["rows"]) + "\n\n" + ratio_table(document["rows"])
     (directory / "table.md").write_text(table + "\n")
     settings = document["settings"]
     title = f"serve load: {settings['model']}, {settings['max_tokens']} tokens, {settings['duration_s']:.0f} s a point"
@@ -512,8 +577,8 @@ def main() -> None:
         for server in servers:
             asyncio.run(warm_up(server, request_bodies(server, prompts[:1], args.max_tokens)[0]))
         for index, clients in enumerate(args.concurrency):
-            shift = index % len(servers)
-            for server in servers[shift:] + servers[:shift]:  # rotated from point to point
+            shift = rotation(args.concurrency, index, len(servers))
+            for server in servers[shift:] + servers[:shift]:
                 row = measure(server, clients, request_bodies(server, prompts, args.max_tokens), tokenizer, args)
                 document["rows"].append(row)
                 save(document, directory)  # after every point: a run cut short keeps what it measured
@@ -525,6 +590,16 @@ def main() -> None:
     save(document, directory)
     print(f"wrote {directory / 'results.json'}")
     write_outputs(document, directory)
+
+
+def rotation(points: list[int], index: int, servers: int) -> int:
+    """Where the server order starts at point ``index`` of ``points``: one further on from
+    point to point, and one further again each time a point repeats. Rotating by the index
+    alone gave a point that repeats with the servers' period (1,4,16,1,4,16 with 3 servers)
+    the same order every time, so one server always ran last at 4 clients."""
+    first = list(dict.fromkeys(points)).index(points[index])
+    repeat = points[:index].count(points[index])
+    return (first + repeat) % servers
 
 
 def measure(

@@ -111,8 +111,49 @@ def test_report_table_plot_and_replot(serve_load, tmp_path):
     serve_load.write_outputs({"settings": settings, "rows": rows}, tmp_path)
     table = (tmp_path / "table.md").read_text().splitlines()
     assert table[0].startswith("| clients | server | tok/s")
-    assert [line.split(" | ")[1] for line in table[2:]] == ["verispec", "llamacpp", "verispec", "llamacpp"]
+    assert [line.split(" | ")[1] for line in table[2:6]] == ["verispec", "llamacpp", "verispec", "llamacpp"]
+    assert table[7].startswith("| clients | server | runs | tok/s (median)")  # the ratios, below
     assert (tmp_path / "serve_load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ratios_pair_each_run_with_the_same_repeat_of_the_references(serve_load):
+    # Points 1, 16, 1, 16 in run order: each server ran every point twice.
+    speeds = {
+        (1, "verispec"): [120.0, 100.0],
+        (1, "plain"): [100.0, 80.0],
+        (1, "verispec-none"): [100.0, 100.0],
+        (16, "verispec"): [400.0, 500.0],
+        (16, "plain"): [400.0, 400.0],
+        (16, "verispec-none"): [500.0, 400.0],
+    }
+    rows = [
+        {"concurrency": clients, "server": server, "tokens_per_s": tokens[repeat]}
+        for repeat in (0, 1)
+        for (clients, server), tokens in speeds.items()
+    ]
+    entries = {(e["concurrency"], e["server"]): e for e in serve_load.ratio_rows(rows)}
+    fast = entries[(16, "verispec")]
+    assert (fast["runs"], fast["tokens_per_s"]) == (2, 450.0)
+    assert fast["times_one_client"] == pytest.approx(450.0 / 110.0)  # medians over medians
+    assert fast["over_plain"] == pytest.approx([1.0, 1.25])  # run n against run n
+    assert fast["over_verispec-none"] == pytest.approx([0.8, 1.25])
+    assert entries[(16, "plain")]["over_plain"] == []  # no server against itself
+    assert entries[(1, "plain")]["over_verispec-none"] == pytest.approx([1.0, 0.8])
+    table = serve_load.ratio_table(rows).splitlines()
+    assert table[0].startswith("| clients | server | runs | tok/s (median) | x its 1 client")
+    assert [line.split(" | ")[1] for line in table[2:]] == ["verispec", "plain", "verispec-none"] * 2
+    assert "| 16 | verispec | 2 | 450.0 | 4.09 | 1.000, 1.250 (median 1.125) | 0.800, 1.250 (median 1.025) |" in table
+    assert "| 16 | plain | 2 | 400.0 | 4.44 | - |" in serve_load.ratio_table(rows)
+
+
+def test_a_repeated_point_runs_its_servers_in_another_order(serve_load):
+    points = [1, 4, 16, 1, 4, 16]
+    shifts = [serve_load.rotation(points, i, 3) for i in range(len(points))]
+    assert shifts == [0, 1, 2, 1, 2, 0]
+    for clients in (1, 4, 16):  # each point's two runs start from different servers
+        assert len({s for s, c in zip(shifts, points, strict=True) if c == clients}) == 2
+    assert [serve_load.rotation([4, 4, 4], i, 3) for i in range(3)] == [0, 1, 2]  # each server last once
+    assert [serve_load.rotation([1, 4], i, 1) for i in range(2)] == [0, 0]
 
 
 def test_option_parsing_names_what_is_wrong(serve_load):
