@@ -412,24 +412,31 @@ def _ratios(values: list[float]) -> str:
     return each if len(values) == 1 else f"{each} (median {statistics.median(values):.3f})"
 
 
+def by_point(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    """The rows of each (concurrency, server), in run order (a repeated point has several)."""
+    points: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault((row["concurrency"], row["server"]), []).append(row)
+    return points
+
+
 def ratio_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the issue's targets read from a run, per concurrency and server: the median tok/s
     over the point's runs (a point listed twice in ``--concurrency`` runs twice), that median
     over the same server's at 1 client, and each run's tok/s over the reference servers' run
     of the same repeat (the n-th run of a point against the n-th of the reference): runs of
     one repeat lie minutes apart, the repeats themselves further."""
-    runs: dict[tuple[int, str], list[float]] = {}
-    for row in rows:  # in run order
-        runs.setdefault((row["concurrency"], row["server"]), []).append(row["tokens_per_s"])
+    runs = {point: [r["tokens_per_s"] for r in mine] for point, mine in by_point(rows).items()}
     out: list[dict[str, Any]] = []
     for (clients, server), speeds in sorted(runs.items(), key=lambda kv: (kv[0][0], SERVERS.index(kv[0][1]))):
         alone = runs.get((1, server))
+        median = statistics.median(speeds)
         entry: dict[str, Any] = {
             "concurrency": clients,
             "server": server,
             "runs": len(speeds),
-            "tokens_per_s": statistics.median(speeds),
-            "times_one_client": statistics.median(speeds) / statistics.median(alone) if alone else None,
+            "tokens_per_s": median,
+            "times_one_client": median / statistics.median(alone) if alone else None,
         }
         for reference in REFERENCES:
             theirs = runs.get((clients, reference), [])
@@ -466,10 +473,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (speed, first) = plt.subplots(1, 2, figsize=(11, 4.5))
+    grouped = by_point(rows)
     for server in [s for s in SERVERS if any(r["server"] == s for r in rows)]:
-        mine = [r for r in rows if r["server"] == server]
-        clients = sorted({r["concurrency"] for r in mine})
-        at = {c: [r for r in mine if r["concurrency"] == c] for c in clients}
+        at = {c: mine for (c, name), mine in grouped.items() if name == server}
+        clients = sorted(at)
         speeds = [statistics.median(r["tokens_per_s"] for r in at[c]) for c in clients]
         speed.plot(clients, speeds, marker="o", label=server)
         ttft = [(c, [r["ttft_p95_s"] for r in at[c] if r["ttft_p95_s"] is not None]) for c in clients]
