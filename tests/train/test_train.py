@@ -43,6 +43,28 @@ def test_training_lowers_the_loss_and_raises_acceptance(
     assert trained > untrained + 0.1
 
 
+def test_a_head_trained_on_the_targets_distribution_and_state_raises_acceptance(
+    tiny_dir, tiny_engine, tiny_train_data, tmp_path
+):
+    # Soft labels half and half with the tokens, and the regression onto the final state: the
+    # recipe still trains (the states it reads are the final ones the LM head reads).
+    tiny.train_tiny_drafter("head", tiny_dir, tmp_path / "untrained", tiny_train_data, steps=1, lr=1e-12)
+    summary = tiny.train_tiny_drafter(
+        "head", tiny_dir, tmp_path / "distilled", tiny_train_data, distill=0.5, feature_loss=1.0
+    )
+    assert summary["train"]["distill"] == 0.5 and summary["train"]["feature_loss"] == 1.0
+    untrained = acceptance(tiny_engine, tiny_engine.drafter("head", drafter_weights=str(tmp_path / "untrained")))
+    trained = acceptance(tiny_engine, tiny_engine.drafter("head", drafter_weights=str(tmp_path / "distilled")))
+    print(f"\n  distilled head: greedy acceptance {untrained:.1%} untrained -> {trained:.1%} trained")
+    assert trained > untrained + 0.1
+
+
+def test_the_block_drafter_refuses_the_heads_soft_labels(tiny_dir, tmp_path, capsys):
+    args = ["train-drafter", "--target", str(tiny_dir), "--kind", "block", "--out", str(tmp_path), "--steps", "2"]
+    assert main([*args, "--tokens", "300", "--no-eval", "--distill", "0.5"]) == 2
+    assert "block drafter has hard labels only" in capsys.readouterr().err
+
+
 def test_an_interrupted_run_resumes_to_the_same_weights(tiny_dir, tiny_train_data, tmp_path):
     whole = tiny.train_tiny_drafter("block", tiny_dir, tmp_path / "whole", tiny_train_data, steps=8, checkpoint_every=3)
 
@@ -115,6 +137,8 @@ def test_the_command_writes_weights_config_and_loss_curve(tiny_dir, tmp_path, ca
         ("--holdout", "1.5"),
         ("--patience", "-1"),  # (a positive one counts scored checkpoints: --eval is on by default)
         ("--eval-temperature", "-1"),
+        ("--distill", "1.5"),
+        ("--feature-loss", "-1"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message(option, value, tiny_dir, tmp_path, capsys):

@@ -71,6 +71,19 @@ def add_train_parser(commands: Any) -> None:
     fit.add_argument("--items", type=int, default=16, help="items per step")
     fit.add_argument("--span", type=int, default=48, help="positions (head) or anchors (block) per item")
     fit.add_argument("--unroll", type=int, default=2, help="head: steps of feeding its own output back")
+    fit.add_argument(
+        "--distill",
+        type=float,
+        default=0.0,
+        help="head: weight of the target's whole next-token distribution as soft labels, beside its token "
+        "(0: the token alone, 1: the distribution alone)",
+    )
+    fit.add_argument(
+        "--feature-loss",
+        type=float,
+        default=0.0,
+        help="head: weight of regressing its output onto the target's final state (EAGLE-1)",
+    )
     fit.add_argument("--lr", type=float, default=1e-3)
     fit.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (and validations)")
     fit.add_argument(
@@ -146,6 +159,8 @@ def run_train(args: argparse.Namespace) -> int:
         items=args.items,
         span=args.span,
         unroll=args.unroll,
+        distill=args.distill,
+        feature_loss=args.feature_loss,
         lr=args.lr,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,

@@ -2,7 +2,11 @@
 
 Both objectives are teacher-forced cross-entropy over the draft vocabulary against the
 target's own continuation (the corpus), counted only where the predicted token belongs to a
-response (prompt tokens are not the target's writing). A step's batch is drawn from a
+response (prompt tokens are not the target's writing). The head can also learn from the
+target's whole next-token distribution at each position (``distill``: soft labels, the
+dark knowledge a token alone does not carry: DistillSpec, EAGLE's classification loss) and
+regress its output onto the target's final state there (``feature_loss``: EAGLE-1's
+regression), both read from the corpus's stored final states, so they cost no extra data. A step's batch is drawn from a
 generator seeded by (seed, step), so a run is reproducible and a resumed run draws exactly
 the batches the uninterrupted one would have.
 
@@ -107,8 +111,30 @@ class _Objective(Generic[Net]):
         return torch.where(usable, labels, torch.full_like(labels, IGNORED))
 
 
+def _soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over ``mask`` (...) of -sum p log q: logits (..., N) of q, probs (..., N) of p."""
+    losses = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+    weights = mask.to(losses.dtype)
+    return (losses * weights).sum() / weights.sum().clamp_min(1e-6)
+
+
+def _feature_error(outputs: torch.Tensor, final: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over ``mask`` (...) of the smooth-L1 distance per element of (..., D) rows."""
+    losses = nn.functional.smooth_l1_loss(outputs, final, reduction="none").mean(-1)
+    weights = mask.to(losses.dtype)
+    return (losses * weights).sum() / weights.sum().clamp_min(1e-6)
+
+
 class HeadObjective(_Objective[HeadNet]):
-    """Teacher-forced head with ``unroll`` steps of feeding its own outputs back."""
+    """Teacher-forced head with ``unroll`` steps of feeding its own outputs back.
+
+    Each unrolled step's loss is (1 - distill) x CE against the target's token + distill x CE
+    against the target's distribution over the draft vocabulary at T = 1 (the softmax of its
+    LM head rows on its final state h_t, renormalised there), + feature_loss x the smooth-L1
+    error of the head's normed output against h_t. The target's final state is the last
+    ``hidden`` columns of the corpus's states (the feature layer, which the pipeline makes
+    the final normed state whenever distill or feature_loss is set).
+    """
 
     def __init__(
         self,
@@ -120,11 +146,16 @@ class HeadObjective(_Objective[HeadNet]):
         unroll: int,
         seed: int,
         use: torch.Tensor | None = None,
+        distill: float = 0.0,
+        feature_loss: float = 0.0,
     ) -> None:
         # Chunks at least as long as the attention window: drafting attends that far back,
         # so training must have shown the head such distances.
         super().__init__(net, shared, corpus, items, max(span, net.config.window), seed, use)
+        if not 0.0 <= distill <= 1.0 or not feature_loss >= 0.0:
+            raise ValueError(f"distill is a share in [0, 1] and feature_loss >= 0, got {distill}, {feature_loss}")
         self.unroll = max(1, unroll)
+        self.distill, self.feature_loss = distill, feature_loss
 
     def step(self, step: int) -> StepResult:
         corpus = self.corpus
@@ -138,16 +169,30 @@ class HeadObjective(_Objective[HeadNet]):
         local = safe - corpus.starts[sequence].unsqueeze(1)
         in_response = local + 1 >= corpus.prompt_lengths[sequence].unsqueeze(1)
         labels = self._labels(safe + 1, valid & in_response)
+        final = probs = None
+        if self.distill or self.feature_loss:
+            final = self._hidden()[safe][..., -self.net.config.hidden :].to(torch.float32)  # h_t (N, T, D)
+            if self.distill:
+                with torch.no_grad():
+                    probs = torch.softmax(self.shared.logits(final), dim=-1)  # (N, T, N_draft)
         total = torch.zeros(())
         weight_sum = 0.0
         accuracy = 0.0
         for unrolled in range(self.unroll):
             outputs, _ = self.net(features, embeds, local, valid=valid)
-            logits = self.shared.logits(self.net.logits_input(outputs))
-            step_labels = labels if unrolled == 0 else labels[:, unrolled:]
-            step_logits = logits if unrolled == 0 else logits[:, unrolled:]
+            normed = self.net.logits_input(outputs)
+            logits = self.shared.logits(normed)
+            step_labels = labels[:, unrolled:]
+            step_logits = logits[:, unrolled:]
+            counted = step_labels != IGNORED
+            loss = _cross_entropy(step_logits, step_labels, torch.ones_like(step_labels))
+            if probs is not None:
+                soft = _soft_cross_entropy(step_logits, probs[:, unrolled:], counted)
+                loss = (1.0 - self.distill) * loss + self.distill * soft
+            if final is not None and self.feature_loss:
+                loss = loss + self.feature_loss * _feature_error(normed[:, unrolled:], final[:, unrolled:], counted)
             weight = HEAD_STEP_DECAY**unrolled
-            total = total + weight * _cross_entropy(step_logits, step_labels, torch.ones_like(step_labels))
+            total = total + weight * loss
             weight_sum += weight
             if unrolled == 0:
                 accuracy = _accuracy(logits, labels)

@@ -71,6 +71,10 @@ class TrainSettings:
     score_tokens: int = score.EVAL_TOKENS  # the longest answer per eval prompt
     # 0: the greedy score (chains along greedy answers); > 0: the sampled arm at that temperature
     score_temperature: float = 0.0
+    # head: weight of the target's whole distribution as soft labels (0: its token alone, 1: the
+    # distribution alone) and of the regression onto its final state (objectives.HeadObjective)
+    distill: float = 0.0
+    feature_loss: float = 0.0
 
 
 # Settings added after weights were shipped: left out of the run key at their defaults, so
@@ -82,6 +86,8 @@ _LATER_SETTINGS = {
     "score_k": 0,
     "score_tokens": score.EVAL_TOKENS,
     "score_temperature": 0.0,
+    "distill": 0.0,
+    "feature_loss": 0.0,
 }
 VALIDATION_BATCHES = 16  # batches of held-out items scored at every checkpoint
 
@@ -340,6 +346,9 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
         problems.append(f"--eval-temperature must be >= 0, got {train.score_temperature}")
     if train.score_k < 0 or train.score_tokens < 1:
         problems.append("--eval-k must be >= 0 and --eval-tokens >= 1")
+    if not 0.0 <= train.distill <= 1.0 or not train.feature_loss >= 0.0:
+        got = f"{train.distill}, {train.feature_loss}"
+        problems.append(f"--distill is a share in [0, 1] and --feature-loss >= 0, got {got}")
     if problems:
         raise loop.TrainError("; ".join(problems))
 
@@ -420,7 +429,12 @@ def _objective(
 ) -> loop.Objective:
     if kind == "head":
         assert isinstance(net, HeadNet)
-        return objectives.HeadObjective(net, shared, corpus, settings.items, settings.span, settings.unroll, seed, use)
+        return objectives.HeadObjective(
+            net, shared, corpus, settings.items, settings.span, settings.unroll, seed, use,
+            settings.distill, settings.feature_loss,
+        )  # fmt: skip
+    if settings.distill or settings.feature_loss:
+        raise loop.TrainError("--distill and --feature-loss train a head; the block drafter has hard labels only")
     assert isinstance(net, BlockNet)
     return objectives.BlockObjective(net, shared, corpus, settings.items, settings.span, seed, use)
 
