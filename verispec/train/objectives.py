@@ -6,9 +6,9 @@ response (prompt tokens are not the target's writing). The head can also learn f
 target's whole next-token distribution at each position (``distill``: soft labels, the
 dark knowledge a token alone does not carry: DistillSpec, EAGLE's classification loss) and
 regress its output onto the target's final state there (``feature_loss``: EAGLE-1's
-regression), both read from the corpus's stored final states, so they cost no extra data. A step's batch is drawn from a
-generator seeded by (seed, step), so a run is reproducible and a resumed run draws exactly
-the batches the uninterrupted one would have.
+regression), both read from the corpus's stored final states, so they cost no extra data.
+A step's batch is drawn from a generator seeded by (seed, step), so a run is reproducible
+and a resumed run draws exactly the batches the uninterrupted one would have.
 
 Shapes: N items per step; head items are chunks of max(``span``, window) consecutive
 positions of one sequence; block items are ``span`` consecutive anchors with the ``window`` positions of
@@ -132,8 +132,8 @@ class HeadObjective(_Objective[HeadNet]):
     against the target's distribution over the draft vocabulary at T = 1 (the softmax of its
     LM head rows on its final state h_t, renormalised there), + feature_loss x the smooth-L1
     error of the head's normed output against h_t. The target's final state is the last
-    ``hidden`` columns of the corpus's states (the feature layer, which the pipeline makes
-    the final normed state whenever distill or feature_loss is set).
+    ``hidden`` columns of the corpus's states (the feature layer, which the pipeline always
+    makes the target's final normed state: ``pipeline._feature_layers``).
     """
 
     def __init__(
