@@ -73,8 +73,13 @@ def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Te
     losses = nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORED, reduction="none"
     )
-    mask = (labels.reshape(-1) != IGNORED).to(losses.dtype) * weights.reshape(-1)
-    return (losses * mask).sum() / mask.sum().clamp_min(1e-6)
+    return _masked_mean(losses, (labels.reshape(-1) != IGNORED).to(losses.dtype) * weights.reshape(-1))
+
+
+def _masked_mean(losses: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The mean of ``losses`` weighted by ``weights`` (same shape; a bool mask counts as 0/1)."""
+    weights = weights.to(losses.dtype)
+    return (losses * weights).sum() / weights.sum().clamp_min(1e-6)
 
 
 Net = TypeVar("Net", bound=TrainedNet[Any])
@@ -113,16 +118,12 @@ class _Objective(Generic[Net]):
 
 def _soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over ``mask`` (...) of -sum p log q: logits (..., N) of q, probs (..., N) of p."""
-    losses = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
-    weights = mask.to(losses.dtype)
-    return (losses * weights).sum() / weights.sum().clamp_min(1e-6)
+    return _masked_mean(-(probs * torch.log_softmax(logits, dim=-1)).sum(-1), mask)
 
 
 def _feature_error(outputs: torch.Tensor, final: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over ``mask`` (...) of the smooth-L1 distance per element of (..., D) rows."""
-    losses = nn.functional.smooth_l1_loss(outputs, final, reduction="none").mean(-1)
-    weights = mask.to(losses.dtype)
-    return (losses * weights).sum() / weights.sum().clamp_min(1e-6)
+    return _masked_mean(nn.functional.smooth_l1_loss(outputs, final, reduction="none").mean(-1), mask)
 
 
 class HeadObjective(_Objective[HeadNet]):

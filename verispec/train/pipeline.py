@@ -134,6 +134,9 @@ def train_drafter(
     net_settings = net_settings or NetSettings()
     train_settings = train_settings or TrainSettings()
     _validate(data_settings, net_settings, train_settings)
+    if kind != "head" and (train_settings.distill or train_settings.feature_loss):
+        # before the target loads and the states are computed: they can take an hour
+        raise loop.TrainError("--distill and --feature-loss train a head; the block drafter has hard labels only")
     torch.manual_seed(train_settings.seed)
     started = time.perf_counter()
 
@@ -433,8 +436,6 @@ def _objective(
             net, shared, corpus, settings.items, settings.span, settings.unroll, seed, use,
             settings.distill, settings.feature_loss,
         )  # fmt: skip
-    if settings.distill or settings.feature_loss:
-        raise loop.TrainError("--distill and --feature-loss train a head; the block drafter has hard labels only")
     assert isinstance(net, BlockNet)
     return objectives.BlockObjective(net, shared, corpus, settings.items, settings.span, seed, use)
 
