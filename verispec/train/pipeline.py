@@ -133,10 +133,7 @@ def train_drafter(
     data_settings = data_settings or data.DataSettings(tokens=40_000)
     net_settings = net_settings or NetSettings()
     train_settings = train_settings or TrainSettings()
-    _validate(data_settings, net_settings, train_settings)
-    if kind != "head" and (train_settings.distill or train_settings.feature_loss):
-        # before the target loads and the states are computed: they can take an hour
-        raise loop.TrainError("--distill and --feature-loss train a head; the block drafter has hard labels only")
+    _validate(kind, data_settings, net_settings, train_settings)
     torch.manual_seed(train_settings.seed)
     started = time.perf_counter()
 
@@ -325,7 +322,8 @@ def _prompts_note(settings: data.DataSettings, grown: dict[str, Any] | None) -> 
     )
 
 
-def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSettings) -> None:
+def _validate(kind: str, data_settings: data.DataSettings, net: NetSettings, train: TrainSettings) -> None:
+    """Refuse bad settings before the target loads and the states are computed (up to an hour)."""
     problems = []
     if data_settings.tokens < 1 or data_settings.max_new_tokens < 1 or data_settings.batch_size < 1:
         problems.append("--tokens, --max-new-tokens and --gen-batch must be >= 1")
@@ -352,6 +350,8 @@ def _validate(data_settings: data.DataSettings, net: NetSettings, train: TrainSe
     if not 0.0 <= train.distill <= 1.0 or not train.feature_loss >= 0.0:
         got = f"{train.distill}, {train.feature_loss}"
         problems.append(f"--distill is a share in [0, 1] and --feature-loss >= 0, got {got}")
+    if kind != "head" and (train.distill or train.feature_loss):
+        problems.append("--distill and --feature-loss train a head; the block drafter has hard labels only")
     if problems:
         raise loop.TrainError("; ".join(problems))
 
