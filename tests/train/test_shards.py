@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -231,9 +232,9 @@ def test_a_drafter_trains_on_the_grown_shards(engine, tiny_dir, tmp_path):
     assert summary_["data"]["key"] == key and summary_["data"]["sources"][0]["source"] == "words"
     assert summary_["data"]["states"] == "native"  # auto: the tiny model loads on the native backend
     assert (tmp_path / "head" / "model.safetensors").is_file()
-    # The states are cached per shard beside the shards, and assembled for the corpus.
+    # The states are cached per shard beside the shards and read from there: no assembled copy.
     assert len(list((data.root / "hidden").glob("0*-native-*.npy"))) == len(data.shards())
-    assert len(list((data.root / "hidden").glob("corpus-*.npy"))) == 1
+    assert not list((data.root / "hidden").glob("corpus-*.npy"))
     with pytest.raises(TrainError, match="no shards of nothing"):
         train_drafter(
             "head", tmp_path / "other", str(tiny_dir), None, net, train, shards=data.root, sources=("nothing",)
@@ -258,12 +259,16 @@ def test_hidden_states_are_computed_once_per_shard_and_equal_the_corpus_pass(eng
     from verispec.train.shards import corpus_hidden_states
 
     model, data, chosen, corpus = three_word_shards(engine, tiny_dir, tmp_path)
-    both = corpus_hidden_states([(data, chosen)], model, (1, 2))
+    stale = data.root / "hidden" / "corpus-0123456789abcdef.npy"  # a copy an earlier version assembled
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    np.save(stale, np.zeros((2, 2), np.int16))
+    both = corpus_hidden_states([(data, chosen)], model, (1, 2)).to_tensor()
+    assert not stale.exists()
     assert both.dtype == torch.bfloat16 and both.shape[0] == len(corpus.tokens)
     assert torch.equal(both, hidden_states(model, corpus, (1, 2)))  # shard by shard = the whole corpus at once
     files = sorted((data.root / "hidden").glob("0*.npy"))
     assert len(files) == len(chosen) == 3
-    last = corpus_hidden_states([(data, chosen)], model, (2,))  # served by the files of layers 1 and 2
+    last = corpus_hidden_states([(data, chosen)], model, (2,)).to_tensor()  # served by the files of layers 1 and 2
     assert sorted((data.root / "hidden").glob("0*.npy")) == files
     assert torch.equal(last, both[:, both.shape[1] // 2 :])
 
@@ -273,7 +278,7 @@ def test_native_states_are_the_native_targets_own_and_cached_apart_from_the_mode
     from verispec.train.shards import corpus_hidden_states
 
     model, data, chosen, corpus = three_word_shards(engine, tiny_dir, tmp_path)
-    native = corpus_hidden_states([(data, chosen)], model, (1, 2), native=engine.target)
+    native = corpus_hidden_states([(data, chosen)], model, (1, 2), native=engine.target).to_tensor()
     assert native.dtype == torch.bfloat16 and native.shape == (len(corpus.tokens), 2 * model.config.hidden_size)
     target = engine.target
     for index in (0, len(corpus.lengths) // 2, len(corpus.lengths) - 1):  # each sequence prefilled alone
@@ -285,11 +290,11 @@ def test_native_states_are_the_native_targets_own_and_cached_apart_from_the_mode
     target.reset()
     hidden = data.root / "hidden"
     assert len(list(hidden.glob("0*-native-1-2.npy"))) == len(chosen)
-    model_states = corpus_hidden_states([(data, chosen)], model, (1, 2))  # not served by the native files
+    model_states = corpus_hidden_states([(data, chosen)], model, (1, 2)).to_tensor()  # not served by the native files
     assert len(list(hidden.glob("0*.npy"))) == 2 * len(chosen)
     gap = (native.float() - model_states.float()).norm() / model_states.float().norm()
     assert 0 < gap < 0.05  # the same weights, the native kernels' own rounding
-    again = corpus_hidden_states([(data, chosen)], model, (2,), native=engine.target)  # from the files
+    again = corpus_hidden_states([(data, chosen)], model, (2,), native=engine.target).to_tensor()  # from the files
     assert len(list(hidden.glob("0*.npy"))) == 2 * len(chosen)
     assert torch.equal(again, native[:, native.shape[1] // 2 :])
 
@@ -312,7 +317,7 @@ def test_a_greedy_and_a_sampled_directory_train_together(engine, tiny_dir, tmp_p
     assert corpus.tokens.tolist() == torch.cat([greedy.corpus()[0].tokens, sampled.corpus()[0].tokens]).tolist()
     assert selection_corpus(select_across([greedy.root], fingerprint))[1] == greedy.corpus()[1] != key
     model = models.load(str(tiny_dir), dtype=None, device="cpu").model
-    states = corpus_hidden_states(chosen, model, (1, 2))
+    states = corpus_hidden_states(chosen, model, (1, 2)).to_tensor()
     assert torch.equal(states, hidden_states(model, corpus, (1, 2)))
     assert len(list((sampled.root / "hidden").glob("0*.npy"))) == len(sampled.shards())  # each in its own folder
 

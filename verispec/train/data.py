@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from verispec.train.states import ShardStates
+
 Progress = Callable[[int, int], None]  # (done, total)
 
 
@@ -57,7 +59,7 @@ class Corpus:
     starts: torch.Tensor
     lengths: torch.Tensor
     prompt_lengths: torch.Tensor
-    hidden: torch.Tensor | None = None
+    hidden: torch.Tensor | ShardStates | None = None  # (P, F): rows in memory, or read from shard files
 
     @property
     def response_tokens(self) -> int:

@@ -29,6 +29,7 @@ from verispec.drafters.head import HeadNet
 from verispec.drafters.layers import IGNORED, SharedTarget
 from verispec.drafters.trained import TrainedNet
 from verispec.train.data import Corpus
+from verispec.train.states import ShardStates
 
 HEAD_STEP_DECAY = 0.7  # weight of unrolled step u is HEAD_STEP_DECAY ** (u - 1)
 BLOCK_SLOT_DECAY = 0.85  # weight of mask slot i is BLOCK_SLOT_DECAY ** (i - 1): early drafts matter most
@@ -105,8 +106,8 @@ class _Objective(Generic[Net]):
         self.items, self.span = items, span
         self.sampler = _Sampler(corpus, span, seed, use)
 
-    def _hidden(self) -> torch.Tensor:
-        """The corpus's hidden states (P, F), one row a position."""
+    def _hidden(self) -> torch.Tensor | ShardStates:
+        """The corpus's hidden states (P, F), one row a position (gathered by index)."""
         assert self.corpus.hidden is not None
         return self.corpus.hidden
 

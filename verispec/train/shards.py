@@ -40,6 +40,7 @@ import torch
 from verispec.errors import UserError
 from verispec.train.data import Corpus, encode_conversation, hidden_states, native_hidden_states
 from verispec.train.prompts import FOLLOW_UPS, PASSAGE_TASKS, id_number
+from verispec.train.states import ShardStates
 
 Messages = list[dict[str, str]]
 Progress = Callable[[int, int, float], None]  # (response tokens held, tokens wanted, seconds)
@@ -290,24 +291,26 @@ def corpus_hidden_states(
     layers: tuple[int, ...],
     progress: Callable[[int, int], None] | None = None,
     native: Any = None,
-) -> torch.Tensor:
-    """(P, len(layers) * D) bf16, memory-mapped: the target's hidden states at ``layers`` over
-    the corpus of ``chosen`` (in that order, as ``selection_corpus`` concatenates them), from the
-    transformers ``model`` or, given one, from the ``native`` target (``data.native_hidden_states``).
+) -> ShardStates:
+    """(P, len(layers) * D) bf16, read from the files: the target's hidden states at ``layers``
+    over the corpus of ``chosen`` (in that order, as ``selection_corpus`` concatenates them),
+    from the transformers ``model`` or, given one, from the ``native`` target
+    (``data.native_hidden_states``).
 
     Each shard's states are computed once (``hidden/NNNNNN-LAYERS.npy`` in its directory, or
     ``NNNNNN-native-LAYERS.npy``; a file of more layers serves fewer, a file of the other
-    target none), so a grown directory only computes its new shards; the corpus's states are
-    then one file assembled from them in the first directory, mapped rather than read (a few
-    million positions of several layers do not fit in memory)."""
+    target none), so a grown directory only computes its new shards; the corpus reads its rows
+    from those files in place (``states.ShardStates``). Copies of whole corpora that earlier
+    versions assembled beside them (``hidden/corpus-*.npy``) are deleted: nothing reads them."""
     tag = "native" if native is not None else ""
-    folder = chosen[0][0].root / "hidden"
     parts: list[tuple[Path, list[int]]] = []  # (file, columns of ``layers`` in it)
     total = sum(len(infos) for _, infos in chosen)
     width = int(model.config.hidden_size)
     for data, infos in chosen:
         own = data.root / "hidden"
         own.mkdir(parents=True, exist_ok=True)
+        for old in own.glob("corpus-*.npy"):
+            old.unlink()
         for info in infos:
             found = _shard_states(own, info.number, layers, tag)
             if found is None:
@@ -327,26 +330,7 @@ def corpus_hidden_states(
             parts.append((path, [stored.index(layer) * width + c for layer in layers for c in range(width)]))
             if progress is not None:
                 progress(len(parts), total)
-    names = json.dumps([(str(p.resolve()) if len(chosen) > 1 else p.name, len(c)) for p, c in parts])
-    out = folder / f"corpus-{hashlib.sha256(names.encode()).hexdigest()[:16]}.npy"
-    if not out.is_file():
-        for old in folder.glob("corpus-*.npy"):
-            old.unlink()  # one assembled corpus at a time: they are copies of the shards' files
-        arrays = [np.load(p, mmap_mode="r") for p, _ in parts]
-        staged = out.with_name(out.name + ".partial")
-        rows = sum(a.shape[0] for a in arrays)
-        assembled = np.lib.format.open_memmap(staged, mode="w+", dtype=np.int16, shape=(rows, len(parts[0][1])))
-        at = 0
-        for array, (_, columns) in zip(arrays, parts, strict=True):
-            for first in range(0, array.shape[0], 65536):  # in slices: never a whole shard in memory
-                block = array[first : first + 65536]
-                assembled[at + first : at + first + block.shape[0]] = block[:, columns]
-            at += array.shape[0]
-        assembled.flush()
-        del assembled
-        staged.replace(out)
-    # Copy-on-write mapping: writable for torch, nothing written back to the file.
-    return torch.from_numpy(np.load(out, mmap_mode="c")).view(torch.bfloat16)
+    return ShardStates(parts)
 
 
 def _shard_states(
