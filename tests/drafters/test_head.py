@@ -127,7 +127,7 @@ def test_the_head_on_the_kernels_drafts_what_it_drafts_in_torch(native_engine, t
 
 def test_head_kernels_refuses_what_it_cannot_run(tiny_engine, native_engine, tiny_drafters):
     weights = str(tiny_drafters["head"])
-    with pytest.raises(DrafterError, match="head_kernels is one of auto, off, q8_0, bf16, f32, got 'fast'"):
+    with pytest.raises(DrafterError, match="head_kernels is one of auto, off, q8_0, q4, bf16, f32, got 'fast'"):
         native_engine.drafter("head", drafter_weights=weights, head_kernels="fast", fresh=True)
     with pytest.raises(DrafterError, match="cannot run the head's layers in that format"):
         tiny_engine.drafter("head", drafter_weights=weights, head_kernels="q8_0", fresh=True)

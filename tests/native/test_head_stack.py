@@ -111,14 +111,19 @@ def test_a_pass_at_the_wrong_position_fails_the_check(head):
     assert close(outputs(stack, features, ids, 1), want)  # cleared: the earlier keys are gone
 
 
-def test_8_bit_and_bf16_matrices_stay_near_the_nets_outputs(head):
+def test_8_bit_4_bit_and_bf16_matrices_stay_near_the_nets_outputs(head):
     drafter, net = head
     features, ids = inputs(net, 20, seed=5)
-    want, _ = reference(drafter, features, ids)
-    for weight_format, bound in (("bf16", 0.02), ("q8_0", 0.05)):
-        got = outputs(drafter.target.head_stack(net, weight_format), features, ids, 1)
+    want, want_logits = reference(drafter, features, ids)
+    errors = {}
+    for weight_format, bound in (("bf16", 0.02), ("q8_0", 0.05), ("q4", 0.25)):
+        got, logits = drafter.target.head_stack(net, weight_format).run(features, ids, 1)
         error = float((got - want).abs().max() / want.abs().max())
+        errors[weight_format] = float((logits - want_logits[-1]).abs().max() / want_logits[-1].abs().max())
         assert 0 < error < bound, (weight_format, error)
+        assert errors[weight_format] < bound, (weight_format, errors[weight_format])
+    # The 4-bit head reads its LM head rows in 4 bits too: further from the net than 8 bits.
+    assert errors["q4"] > errors["q8_0"], errors
 
 
 def test_forks_keep_their_own_rings(head):

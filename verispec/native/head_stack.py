@@ -29,7 +29,7 @@ import torch
 
 from verispec.native import formats
 
-FORMATS = ("q8_0", "bf16", "f32")  # the kernel formats a head's matrices may take
+FORMATS = ("q8_0", "q4", "bf16", "f32")  # the kernel formats a head's matrices may take
 DEFAULT_FORMAT = "q8_0"
 
 

@@ -48,8 +48,8 @@ import numpy as np
 import torch
 
 from verispec.native import checkpoint as checkpoints
+from verispec.native import formats, kernels
 from verispec.native import head_stack as head_stacks
-from verispec.native import kernels
 from verispec.native.decoder import KernelDecoder, Segment, TorchDecoder, torch_alone_between_passes
 from verispec.targets.base import HiddenCapture, Logits, Pass, TargetError
 from verispec.targets.native_tree import TreeRound, checked_path, checked_tree, leaf_paths, path_ids
@@ -605,16 +605,20 @@ class NativeTarget:
         module = kernels.load()
         assert module is not None  # the kernels path runs on them
         make = self.decoder.matrix  # type: ignore[union-attr]
-        head = self._draft_head_matrix(net.vocab_ids)
+        # A 4-bit head reads its LM head rows in 4 bits too: they are half of its bytes.
+        head = self._draft_head_matrix(net.vocab_ids, "q4" if chosen == "q4" else None)
         embeddings = self.token_embeddings()
         return head_stacks.KernelHeadStack(net, module, make, self.context_length, embeddings, head, chosen)
 
-    def _draft_head_matrix(self, vocab_ids: torch.Tensor) -> Any:
-        """The kernels matrix of the LM head's rows ``vocab_ids``, made once per draft vocabulary."""
+    def _draft_head_matrix(self, vocab_ids: torch.Tensor, weight_format: str | None = None) -> Any:
+        """The kernels matrix of the LM head's rows ``vocab_ids``, as the file stores them or
+        requantised to ``weight_format``, made once per draft vocabulary and format."""
         ids = vocab_ids.numpy().astype(np.int64)
-        key = hashlib.sha256(ids.tobytes()).hexdigest()
+        key = f"{hashlib.sha256(ids.tobytes()).hexdigest()}:{weight_format}"
         if key not in self._draft_heads:
             rows = self.checkpoint.head.take_rows(ids)
+            if weight_format is not None:
+                rows = formats.requantize(rows, weight_format)
             self._draft_heads[key] = self.decoder.matrix(rows)  # type: ignore[union-attr]
         return self._draft_heads[key]
 
