@@ -8,7 +8,7 @@ import torch
 from verispec.accept import sample_index
 from verispec.drafters.base import DrafterError, check_confidence
 from verispec.drafters.layers import Attention, SharedTarget, rotary, window_mask
-from verispec.sampling import SamplingParams, final_distribution
+from verispec.sampling import SamplingError, SamplingParams, final_distribution
 
 
 def test_rotary_scores_depend_only_on_the_distance():
@@ -97,7 +97,28 @@ def test_a_draw_is_the_inverse_cdf_of_the_whole_row(params, vocab):
     for u in np.linspace(0.0, 0.999999, 401):
         token, drawn_row = shared.draw(logits, params, [], [], float(u), 0.0)
         assert token == sample_index(row, float(u))
-        np.testing.assert_array_equal(drawn_row, row)
+        if params.greedy and shared.ascending:  # a point mass, reported as None (Draft.probs)
+            assert drawn_row is None and row[token] == 1.0
+        else:
+            np.testing.assert_array_equal(drawn_row, row)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_greedy_draw_is_the_one_hot_rows_token_ties_and_bad_values_included(tie):
+    # The greedy shortcut (no row built) draws the V-row's own one-hot token: the lowest id
+    # among tied maxima, and refuses NaN, +inf and rows with no finite entry as the full
+    # path does.
+    shared = SharedTarget(torch.randn(10, 4), torch.randn(10, 4), torch.tensor([1, 2, 5, 7, 8, 9]))
+    greedy = SamplingParams(temperature=0)
+    logits = torch.tensor([0.5, 2.0, -1.0, 2.0 if tie else 1.0, 0.0, 1.5])
+    token, row = shared.draw(logits, greedy, [], [], 0.3, 0.0)
+    full, _ = shared.distribution(logits, greedy, [], [])
+    assert row is None and token == int(full.argmax()) == 2
+    for bad in ([float("nan")] + [0.0] * 5, [0.0, float("inf")] + [0.0] * 4, [float("-inf")] * 6):
+        with pytest.raises(SamplingError):
+            shared.draw(torch.tensor(bad), greedy, [], [], 0.3, 0.0)
+        with pytest.raises(SamplingError):
+            shared.distribution(torch.tensor(bad), greedy, [], [])
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "high", None, float("nan")])

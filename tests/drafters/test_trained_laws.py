@@ -52,7 +52,10 @@ def test_every_draft_has_mass_under_its_row(tiny_engine, drafter, temperature, t
     finally:
         trained.release(tiny_engine, drafter)
     assert len(draft.tokens) == most_drafts(drafter, k)
-    assert draft.probs is not None and draft.probs.shape == (len(draft.tokens), tiny.VOCAB)
+    if draft.probs is None:  # point masses, reported as None: greedy where no penalty reads ids
+        assert temperature == 0 and not params.penalised
+        return
+    assert draft.probs.shape == (len(draft.tokens), tiny.VOCAB)
     np.testing.assert_allclose(draft.probs.sum(axis=1), 1.0, atol=1e-9)
     assert all(draft.probs[i, token] > 0 for i, token in enumerate(draft.tokens))
     if temperature == 0:  # greedy: q is a point mass on the drafted token
@@ -99,7 +102,7 @@ def test_a_confidence_floor_cuts_the_draft_where_the_drafter_is_unsure(
         f"floor {floor:.3f} -> {len(gated.tokens)} of {k} drafts"
     )
     assert gated.tokens == full.tokens[:expected]
-    if expected:
+    if expected and full.probs is not None:
         np.testing.assert_array_equal(gated.probs, full.probs[:expected])
-    else:
-        assert gated.probs is None
+    else:  # no draft, or greedy's point masses
+        assert gated.probs is None and (expected == 0 or temperature == 0)

@@ -222,18 +222,26 @@ class SharedTarget:
         history: Sequence[int],
         uniform: float,
         min_confidence: float,
-    ) -> tuple[int, NDArray[np.float64]] | None:
+    ) -> tuple[int, NDArray[np.float64] | None] | None:
         """One drafted position from its draft logits (N,): the token drawn by ``uniform``
-        from ``distribution``'s row, and that row (q); None where the confidence is below
-        ``min_confidence`` (the drafter stops there: this draft and the ones after it would
-        rarely be kept).
+        from ``distribution``'s row, and that row (q), or None for a point mass at the token
+        (greedy); None where the confidence is below ``min_confidence`` (the drafter stops
+        there: this draft and the ones after it would rarely be kept).
 
         Where no penalty reads ids and the draft vocabulary is in ascending id order, the
         draw runs on the draft vocabulary's entries: their running sums are the V-row's (its
-        other entries are exact zeros), so the token is the one the V-row would give."""
+        other entries are exact zeros), so the token is the one the V-row would give. Greedy
+        there is the entries' argmax (ties to the lowest id, as the V-row's one-hot), with no
+        row built: a V-row of float64 zeroed, filled and stacked every round cost ~0.15 ms, 4%
+        of a plain step, and the rule reads a point mass as None (``Draft.probs``)."""
         row_logits = logits.double().numpy()
         if min_confidence > 0 and _confidence(row_logits) < min_confidence:
             return None
+        if params.greedy and not params.penalised and self.ascending:
+            index = int(row_logits.argmax())  # argmax stops at a NaN: the value checked below is then NaN
+            if math.isfinite(row_logits.item(index)):
+                return int(self.vocab_np[index]), None
+            # NaN, +inf or no finite entry: the full path raises the sampler's own error
         if params.penalised or not self.ascending:
             row, _ = self.distribution(logits, params, prompt, history)
             return sample_index(row, uniform), row

@@ -235,21 +235,23 @@ class TrainedDrafter(Generic[Net]):
                 )
                 if drawn is None:
                     break  # unsure: stop drafting here
-                token, row = drawn  # drawn from exactly the row reported
+                token, row = drawn  # drawn from exactly the row reported (None: a point mass)
                 if tree is not None:
                     self._branch(tree, logits, token, row, self.branches, rng)
                 tokens.append(token)
-                rows.append(row)
+                if row is not None:
+                    rows.append(row)
         if tree is not None:
             return tree.draft(self.params.greedy)
-        return Draft(tokens=tokens, probs=np.stack(rows)) if tokens else NO_DRAFT
+        # Greedy draws report point masses (no rows); a mix would fail Draft's row count.
+        return Draft(tokens=tokens, probs=np.stack(rows) if rows else None) if tokens else NO_DRAFT
 
     def _branch(
         self,
         tree: DraftTree,
         logits: torch.Tensor,
         token: int,
-        row: NDArray[np.float64],
+        row: NDArray[np.float64] | None,
         count: int,
         rng: np.random.Generator,
     ) -> None:
@@ -277,6 +279,7 @@ class TrainedDrafter(Generic[Net]):
             for other in [t for t in candidates if t != token][: count - 1]:
                 tree.add(other, None, chances[other], parent=parent)
             return
+        assert row is not None  # sampled draws report their rows
         by_rank = torch.topk(plain, min(count, plain.shape[-1])).values.tolist()
         parent = tree.add(token, row, by_rank[0], chain=True)
         # A drafted row's mass lies in the draft vocabulary (its other entries are exact zeros),
