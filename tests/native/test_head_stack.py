@@ -136,7 +136,8 @@ def test_forks_keep_their_own_rings(head):
     assert close(outputs(twin, features, ids, 1), want)
 
 
-def test_the_default_format_is_8_bit_where_the_widths_fit(head):
+def test_the_default_format_is_4_bit_where_the_widths_fit(head):
     _, net = head
-    assert head_stack.kernel_format_for(net) == "q8_0"  # the tiny head's widths are multiples of 32
+    assert head_stack.kernel_format_for(net) == "q4"  # the tiny head's widths are multiples of 32
+    assert head_stack.kernel_format_for(net, "q8_0") == "q8_0"
     assert head_stack.kernel_format_for(net, "bf16") == "bf16"

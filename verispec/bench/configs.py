@@ -16,7 +16,7 @@ weights directory, as ``--drafter-weights``: two trainings compared in one run),
 drafter's candidates per node, the trained drafters' per drafted position: 1 drafts chains,
 more drafts trees), ``k_max`` (the most drafts ``k=auto`` may choose a round; the engine's
 default otherwise), ``kernels`` (where the head's layers run: auto, off = torch, or a kernel
-format q8_0, bf16, f32), ``spec_factor``, ``min_score`` and ``max_match`` (the suffix
+format q4, q8_0, bf16, f32), ``spec_factor``, ``min_score`` and ``max_match`` (the suffix
 drafter's longest draft per matched token, its score floor, and the longest match it measures),
 ``phrases`` (the suffix drafter's phrase table: auto, off or a table file).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,

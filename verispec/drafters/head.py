@@ -31,7 +31,7 @@ from verispec.drafters.layers import RMSNorm, SharedTarget, window_mask
 
 KIND = "head"
 # Where the head's layers run (drafter option ``head_kernels``): auto = the target's native
-# kernels where it has them (8-bit matrices), else torch; off = torch; or a kernel format.
+# kernels where it has them (4-bit matrices), else torch; off = torch; or a kernel format.
 KERNELS_AUTO, KERNELS_OFF = "auto", "off"
 KERNEL_CHOICES = (KERNELS_AUTO, KERNELS_OFF, "q8_0", "q4", "bf16", "f32")
 

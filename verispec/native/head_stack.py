@@ -7,9 +7,13 @@ kernels (``csrc/decoder.cpp: HeadStack``): the input part (the embeddings of the
 the reduce of the target's states where the head reads several layers, the two input norms,
 fuse), the decoder layers, their attention over the head's own keys of the last ``window``
 positions (kept in a ring inside the kernels), and the last row's draft logits. Its
-matrices take the kernels' formats (``q8_0`` by default: a quarter of the bytes, on the pass
-threads); the head's outputs then differ from torch's by the 8-bit rounding of weights and
-activations, which changes what the head proposes, never whether the rule is exact (the
+matrices take the kernels' formats, on the pass threads: ``q4`` by default (an eighth of
+float32's bytes, the draft vocabulary's LM head rows requantised to 4 bits too), or ``q8_0``,
+``bf16``, ``f32``. A drafting call streams its weights from memory (the target's pass between
+calls has swept the caches), so bytes are its cost: on the embedded model's head 4 bits drafted
+as well as 8 (the same greedy acceptance, 0.41) for 0.05 plain steps less a round (BENCHMARKS,
+thirty-fifth increment). The head's outputs then differ from torch's by the rounding of weights
+and activations, which changes what the head proposes, never whether the rule is exact (the
 drafter reports the row it drew from).
 
 Shapes: features (M, F), F the hidden size D or the reduce's input width (the target's states
@@ -30,7 +34,7 @@ import torch
 from verispec.native import formats
 
 FORMATS = ("q8_0", "q4", "bf16", "f32")  # the kernel formats a head's matrices may take
-DEFAULT_FORMAT = "q8_0"
+DEFAULT_FORMAT = "q4"
 
 
 def rope_tables(head_dim: int, theta: float, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +138,7 @@ class KernelHeadStack:
 
 
 def kernel_format_for(net: Any, wanted: str | None = None) -> str | None:
-    """``wanted`` where every matrix of the head fits it (columns in blocks of 32 for 8-bit,
+    """``wanted`` where every matrix of the head fits it (columns in blocks of 32 for 4 and 8 bits,
     8 for floats), else None. Without ``wanted``: the default format where it fits, else f32
     where that does, else None (the head stays in torch)."""
     config = net.config

@@ -595,7 +595,7 @@ class NativeTarget:
 
     def head_stack(self, net: Any, weight_format: str | None = None) -> Any:
         """A trained head's layers on the kernels (``native.head_stack.KernelHeadStack``), its
-        matrices made as the decoder makes its own, in ``weight_format`` (default: 8-bit); None
+        matrices made as the decoder makes its own, in ``weight_format`` (default: 4-bit); None
         on the torch path or where the head's widths do not fit the format."""
         if self.decoder.path != "kernels":
             return None
