@@ -58,6 +58,22 @@ def test_no_committed_prompt_copies_the_dev_prompts(root):
 
 
 @pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
+def test_no_committed_prompt_copies_the_held_out_scoring_prompts(root):
+    # The held-out score judges data sets and recipes: a training prompt that copies one of its
+    # prompts (the target writes the self-instruct questions itself, so this is not a given)
+    # would score memory, not drafting.
+    from verispec.train.sources import eval_prompts
+
+    held_out = set().union(*(shingles(m["content"]) for _, messages in eval_prompts() for m in messages))
+    assert len(held_out) > 1000
+    data = DataDir(root)
+    for info in data.shards():
+        for messages in data.messages(info):
+            text = "\n".join(m["content"] for m in messages if m["role"] == "user")
+            assert not shingles(text) & held_out, (info.number, info.source)
+
+
+@pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
 def test_committed_translation_prompts_are_rebuilt_from_their_parents_answers(root):
     # The derived sources choose sentence, wording and spacing by the parent's id (prompts.id_number):
     # a rerun of `grow` must build exactly the prompts on record, or it would answer them twice.
