@@ -11,7 +11,7 @@ matrices take the kernels' formats, on the pass threads: ``q4`` by default (an e
 float32's bytes, the draft vocabulary's LM head rows requantised to 4 bits too), or ``q8_0``,
 ``bf16``, ``f32``. A drafting call streams its weights from memory (the target's pass between
 calls has swept the caches), so bytes are its cost: on the embedded model's head 4 bits drafted
-as well as 8 (the same greedy acceptance, 0.41) for 0.05 plain steps less a round (BENCHMARKS,
+as well as 8 (the same greedy acceptance, 0.41) for 0.01-0.05 plain steps less a round (BENCHMARKS,
 thirty-fifth increment). The head's outputs then differ from torch's by the rounding of weights
 and activations, which changes what the head proposes, never whether the rule is exact (the
 drafter reports the row it drew from).
