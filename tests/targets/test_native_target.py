@@ -288,7 +288,7 @@ def test_torch_runs_alone_between_passes_and_the_passes_keep_their_threads(nativ
     try:
         passes = module.pass_threads()
         seen: list[tuple[int, int]] = []
-        drafter = native_engine.drafter("lookup")
+        drafter = native_engine.drafter("lookup", fresh=True)  # its propose is wrapped for good
         propose = drafter.propose
 
         def recording(context, k, rng):

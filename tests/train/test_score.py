@@ -145,7 +145,8 @@ def test_the_chains_are_the_run_time_drafters_own(kind, tiny_engine, tiny_drafte
     allowed, so that every round's k (k, or the room left but one) is what the corpus
     leaves after its anchor, and the target's states come from a separate whole-sequence pass."""
     k, tokens = 4, 40
-    drafter = tiny_engine.drafter(kind.removeprefix("fused-"), drafter_weights=str(tiny_drafters[kind]))
+    # A drafter of its own (fresh): its propose is wrapped for good below.
+    drafter = tiny_engine.drafter(kind.removeprefix("fused-"), drafter_weights=str(tiny_drafters[kind]), fresh=True)
     tiny_engine.generate("warm", drafter=drafter, k=k, temperature=0, max_tokens=4)  # calibration's proposals
     proposals: list[list[tuple[int, list[int]]]] = []
     propose = drafter.propose
@@ -186,7 +187,9 @@ def test_the_sampled_arm_is_the_rules_acceptance_along_the_answer(kind, tiny_eng
     p the target's softmax there, is the sampled arm's expected acceptance at position 1 from
     that anchor; where the first draft was the answer's token (accepted), the second draft's
     row was drawn after that same token, and its chance is the arm's at position 2."""
-    drafter = tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]))
+    # A drafter of its own: its propose is wrapped for good, which must not reach the engine's
+    # cached drafter that other tests draw from.
+    drafter = tiny_engine.drafter(kind, drafter_weights=str(tiny_drafters[kind]), fresh=True)
     rounds: list[list[tuple[int, list[int], torch.Tensor]]] = []
     propose = drafter.propose
 
