@@ -5,12 +5,13 @@ the embedded model's weights, every prompt free of the Spec-Bench dev prompts' e
 
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.train.overlap import shingles, spec_bench_shingles
-from verispec.train.shards import DataDir
+from verispec.train.shards import DataDir, ShardInfo
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "train"
 EMBEDDED_WEIGHTS = "6f4bd9280ccfc81a646d45118db929b7ea839fdb24f8bf72bdc4edcb1c20ef4e"  # smollm2-135m-instruct
@@ -42,17 +43,22 @@ def test_committed_shards_are_whole_and_of_the_embedded_model(root):
         assert info.settings["temperature"] == float(root.name.rsplit("-t", 1)[1])  # as the name says
 
 
+def user_texts(root: Path) -> Iterator[tuple[ShardInfo, str]]:
+    """(shard, the user turns of one committed prompt) for every prompt in ``root``."""
+    data = DataDir(root)
+    for info in data.shards():
+        for messages in data.messages(info):
+            yield info, "\n".join(m["content"] for m in messages if m["role"] == "user")
+
+
 @pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
 def test_no_committed_prompt_copies_the_dev_prompts(root):
     bench = spec_bench_shingles()
-    data = DataDir(root)
     checked = 0
-    for info in data.shards():
-        for messages in data.messages(info):
-            text = "\n".join(m["content"] for m in messages if m["role"] == "user")
-            shared = shingles(text) & bench
-            assert not shared, (info.number, sorted(shared)[:3])
-            checked += 1
+    for info, text in user_texts(root):
+        shared = shingles(text) & bench
+        assert not shared, (info.number, sorted(shared)[:3])
+        checked += 1
     assert checked > 1000
     assert json.loads((root / "target.json").read_text())["weights_sha256"] == EMBEDDED_WEIGHTS
 
@@ -66,11 +72,8 @@ def test_no_committed_prompt_copies_the_held_out_scoring_prompts(root):
 
     held_out = set().union(*(shingles(m["content"]) for _, messages in eval_prompts() for m in messages))
     assert len(held_out) > 1000
-    data = DataDir(root)
-    for info in data.shards():
-        for messages in data.messages(info):
-            text = "\n".join(m["content"] for m in messages if m["role"] == "user")
-            assert not shingles(text) & held_out, (info.number, info.source)
+    for info, text in user_texts(root):
+        assert not shingles(text) & held_out, (info.number, info.source)
 
 
 @pytest.mark.parametrize("root", directories(), ids=lambda p: p.name)
