@@ -506,3 +506,52 @@ def test_a_right_shadow_lifts_the_throttle_on_shadows():
     assert rounds(SHADOW_FREE_MISSES, wrong) == SHADOW_FREE_MISSES
     # ... until its proposals have missed SHADOW_FREE_MISSES times in a row.
     assert rounds(100, wrong) == pytest.approx(40, abs=1)
+
+
+class RoutedWrong(WrongDrafter):
+    """An always-wrong drafter that routes: its proposal after a context of even length is
+    its cheap one (``cheap_next``, as ``hybrid`` says of suffix's); it counts both kinds."""
+
+    def __init__(self) -> None:
+        super().__init__(7)
+        self.cheap = self.dear = 0
+
+    def cheap_next(self, context, k):
+        return len(context) % 2 == 0
+
+    def propose(self, context, k, rng):
+        if self.cheap_next(context, k):
+            self.cheap += 1
+        else:
+            self.dear += 1
+        return super().propose(context, k, rng)
+
+
+def test_a_routed_drafter_shadows_its_cheap_proposals_always_and_its_dear_ones_as_the_budget_allows():
+    # Proposals at 10% of a plain step on average: a drafter that cannot say which are cheap
+    # does not shadow at all (the probing governor); a routed one does, and once its shadows
+    # keep missing, plain rounds still ask for every cheap proposal and for a quarter
+    # (SHADOW_MIN_RATE) of the dear ones.
+    from verispec.governor import SHADOW_FREE_MISSES, SHADOW_MIN_RATE, Governor
+
+    costs = CostModel.line(0.01, 0.001, 0.001, per_proposal=True)
+    assert not Governor.can_shadow(costs)
+    planner = Planner()
+    planner.calibrated["wrong"] = planner.live["wrong"] = costs
+    drafter = RoutedWrong()
+    request, _ = _begun(planner, drafter, [1, 2, 3])
+    assert request.governor.shadow
+    request.governor.sources.clear()
+    request.governor._default_start = (0.0,)  # known wrong: every round is plain
+    wrong = np.zeros(8)
+    wrong[0] = 1.0
+    rounds = 400
+    for n in range(rounds):
+        context = list(range(3 + n))  # one token longer each round: cheap and dear alternate
+        plan = request.plan(context, 50, RNG)
+        assert plan.k == 0
+        asked = bool(plan.shadow.tokens)
+        request.observe(0, 0, 0.001 * asked, 0.01, row_acceptance(wrong))
+    assert drafter.cheap == rounds // 2  # every one
+    dear_rounds = rounds // 2
+    assert drafter.dear == pytest.approx(SHADOW_FREE_MISSES // 2 + SHADOW_MIN_RATE * dear_rounds, abs=3)

@@ -26,8 +26,9 @@ PROMPTS = [
 # (one cache: its requests take turns), a trained head (forked per request). A fixed k first: a
 # request alone must draft whatever this machine's timings say (a governed one may not: its
 # alone run before may have taught the acceptance memory not to, and at 0 neighbours it then
-# drafted nothing in 4 of 6 runs).
-DRAFTERS = [("lookup", 3), ("none", 0), ("lookup", "auto"), ("model", 2), ("head", 3), ("wrong", 2)]
+# drafted nothing in 4 of 6 runs). The hybrid (suffix or the head, forked per request) without
+# suffix's cross-request cache: with it, the alone runs would teach the batched ones.
+DRAFTERS = [("lookup", 3), ("none", 0), ("lookup", "auto"), ("model", 2), ("head", 3), ("wrong", 2), ("hybrid", 3)]
 SAMPLING = [
     {"temperature": 0.0},
     {"temperature": 1.0, "top_k": 5, "top_p": 0.9},
@@ -48,6 +49,8 @@ def batched(tiny_dir, draft_dir):
 def drafter_for(engine, name, tiny_drafters):
     if name == "head":
         return engine.drafter("head", drafter_weights=str(tiny_drafters["head"]))
+    if name == "hybrid":
+        return engine.drafter("hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=0)
     return name
 
 

@@ -130,7 +130,7 @@ class RequestPlanner:
             plan = self._plain_by_load(governor)
         elif governor.shadow and governor.load.rows and (ask := self._asks_beside_load(governor)) == "no":
             plan = self._plain_by_load(governor)
-        elif governor.shadow and not self._shadow_due(governor):
+        elif governor.shadow and not self._shadow_due(governor, context, min(governor.k_max, room - 1)):
             # Plain, and a shadow now would cost more than SHADOW_MAX_COST of the plain steps:
             # a plain round that does not ask the drafter.
             governor.plain_by_governor += 1
@@ -216,11 +216,14 @@ class RequestPlanner:
         self._resting = LOAD_REST_ROUNDS
         return "evidence" if governor.load_allows_drafting() else "no"  # the bar is cached
 
-    def _shadow_due(self, governor: Governor) -> bool:
+    def _shadow_due(self, governor: Governor, context: Sequence[int], k: int) -> bool:
         """Whether a shadowing governor's round asks the drafter: always after a drafted round
         (the proposal is what it drafts from) and within SHADOW_FREE_MISSES plain rounds of
-        one or of a right shadow (where drafting resumes), else as the credit allows."""
+        one or of a right shadow (where drafting resumes), always where a routed drafter's next
+        proposal is its cheap one (``routed``), else as the credit allows."""
         if not self._after_plain or self._shadow_misses < SHADOW_FREE_MISSES:
+            return True
+        if routed(self.drafter) and self.drafter.cheap_next(context, k):  # type: ignore[attr-defined]
             return True
         # Chosen at the request's start, shadows go on at least every 1 / SHADOW_MIN_RATE plain
         # rounds: a shadowing governor has no probes, only its shadows can turn drafting on.
@@ -327,7 +330,9 @@ class Planner:
         start = memory.start()
         # Shadow drafts only from a drafter that declares its proposals pure (``propose`` changes
         # nothing the next round sees), and only while they are cheap (``Governor.shadow_rate``).
-        shadow = self.shadows and drafter.pure_proposals and Governor.can_shadow(costs)
+        # A routed drafter (``hybrid``) shadows whatever its proposals cost on average: its
+        # cheap ones are asked every round, its dear ones as the shadow budget allows.
+        shadow = self.shadows and drafter.pure_proposals and (Governor.can_shadow(costs) or routed(drafter))
         branching = None if reproducible else self.branching.get(name)
         # A back-off carried over from the last request only for a drafter whose acceptance is
         # its own (a trained head, a draft model); a pure drafter's belongs to the prompt (what
@@ -345,6 +350,12 @@ class Planner:
             self.live[request.drafter.name] = governor.costs
             self.acceptance[request.drafter.name].learn(governor)
             self.branching[request.drafter.name] = governor.branching
+
+
+def routed(drafter: Drafter) -> bool:
+    """Whether ``drafter`` routes each proposal to a cheap or a dear drafter and says which
+    comes next (``cheap_next(context, k)``, pure: the ``hybrid`` drafter's)."""
+    return callable(getattr(drafter, "cheap_next", None))
 
 
 def calibrate(

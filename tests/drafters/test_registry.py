@@ -10,15 +10,18 @@ from verispec.drafters.base import DrafterError
 from verispec.drafters.registry import DRAFTER_OPTIONS, _factories, drafter_names
 
 READ = re.compile(r"""\.option\(\s*["']([a-z_]+)["']""")
+BUILDS = re.compile(r"\b([a-z]+)\._build\(context\)")  # a drafter built of others (``hybrid``)
 
 
 def options_read(name: str) -> set[str]:
-    """The option keys drafter ``name``'s module reads, and its base class's for the trained ones."""
+    """The option keys drafter ``name``'s module reads, its base class's for the trained ones,
+    and those of the drafters it builds from the same context."""
     module = inspect.getmodule(_factories()[name])
     sources = [inspect.getsource(module)]
     if "from_context(context)" in sources[0]:  # a trained drafter: the shared loader reads its own
         sources.append(inspect.getsource(trained.TrainedDrafter.from_context))
-    return {key for source in sources for key in READ.findall(source)}
+    keys = {key for source in sources for key in READ.findall(source)}
+    return keys.union(*(options_read(part) for part in BUILDS.findall(sources[0])))
 
 
 @pytest.mark.parametrize("name", drafter_names())

@@ -132,10 +132,12 @@ def compare(counts, law, runs=N_RUNS):
 
 
 # ("lookup", "auto") runs the same test with the economics governor choosing k; "head" and
-# "block" are the trained drafters (trained briefly on the tiny target, tiny_drafters).
+# "block" are the trained drafters (trained briefly on the tiny target, tiny_drafters);
+# "hybrid" drafts suffix's point masses where the runs' own outputs repeat and the head's
+# sampled rows elsewhere, both within one arm.
 @pytest.mark.parametrize(
     ("drafter", "k"),
-    [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto"), ("head", 3), ("block", 3)],
+    [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto"), ("head", 3), ("block", 3), ("hybrid", 3)],
 )
 def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, request):
     check_follows(tiny_engine, exact_law, drafter, k, request)
@@ -148,7 +150,10 @@ def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, re
 # 3 candidates a drafted position (k 6 nodes), its alternatives drawn without replacement.
 @pytest.mark.parametrize(
     ("drafter", "k"),
-    [("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3), ("suffix-tree", 4), ("head-tree", 6)],
+    [
+        *[("none", 0), ("lookup", 3), ("lookup", "auto"), ("model", 3), ("head", 3), ("suffix-tree", 4)],
+        *[("head-tree", 6), ("hybrid", "auto")],
+    ],
 )
 def test_native_engine_output_follows_its_target(native_engine, drafter, k, request):
     # The head's rows under top-p 0.9 often hold one token (no room for a sibling): its trees
@@ -167,6 +172,9 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     if drafter == "head-tree":  # each drafted position's 3 candidates, siblings drawn without replacement
         weights = request.getfixturevalue("tiny_drafters")["head"]
         chosen = engine.drafter("head", drafter_weights=str(weights), draft_branches=3)
+    if drafter == "hybrid":  # a cache of its own: the arm's runs fill it
+        weights = request.getfixturevalue("tiny_drafters")["head"]
+        chosen = engine.drafter("hybrid", drafter_weights=str(weights), scope=f"distribution-{k}-{params}")
     trees: list[int] = []
     counts, offered, accepted = run_engine(engine, chosen, k, runs=runs, params=params, trees=trees)
     pvalue, deviation, cells = compare(counts, law, runs=runs)
@@ -180,6 +188,9 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     if drafter in ("suffix-tree", "head-tree"):
         print(f"  tree rounds: {sum(trees)} in {sum(t > 0 for t in trees)} of {runs} runs")
         assert sum(trees) > runs // 10  # trees were verified, not only chains
+    if drafter == "hybrid":
+        print(f"  proposals: {chosen.copied} by suffix, {chosen.learnt_rounds} by the head")
+        assert chosen.copied > runs // 10 and chosen.learnt_rounds > runs // 10  # both drafters drafted
     if drafter == "wrong":
         assert offered > 0 and accepted == 0  # every round drafted, every draft rejected
     elif drafter != "none" and (k != "auto" or offered > 0):

@@ -125,7 +125,7 @@ def test_the_governor_verifies_trees_where_rows_are_cheap_and_chains_where_they_
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])
-@pytest.mark.parametrize("kind", ["head", "block", "fused-head"])
+@pytest.mark.parametrize("kind", ["head", "block", "fused-head", "hybrid"])
 def test_greedy_with_trained_drafters_equals_plain(either_engine, tiny_drafters, kind, k):
     # Drafters conditioned on the target's hidden states (trained briefly on the tiny target);
     # "H" is a one-token prompt: no hidden state exists before the first verify. The fused
@@ -133,7 +133,12 @@ def test_greedy_with_trained_drafters_equals_plain(either_engine, tiny_drafters,
     # Under the governor, priced as a head is on the embedded model (a round of 2 rows ~1.2
     # steps): next to the tiny model's step a head costs several, and probes so dear come
     # too rarely to draft within these requests.
-    drafter = either_engine.drafter(kind.removeprefix("fused-"), drafter_weights=str(tiny_drafters[kind]))
+    # The hybrid drafts suffix's proposals where these prompts repeat and the head's elsewhere
+    # (without suffix's cross-request cache, which would make every repeat a sure one).
+    if kind == "hybrid":
+        drafter = either_engine.drafter(kind, drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=0)
+    else:
+        drafter = either_engine.drafter(kind.removeprefix("fused-"), drafter_weights=str(tiny_drafters[kind]))
     offered = accepted = 0
     with drafter_prices(either_engine, drafter.name) as set_costs:
         set_costs(0.2)

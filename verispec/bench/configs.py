@@ -18,7 +18,9 @@ more drafts trees), ``k_max`` (the most drafts ``k=auto`` may choose a round; th
 default otherwise), ``kernels`` (where the head's layers run: auto, off = torch, or a kernel
 format q4, q8_0, bf16, f32), ``spec_factor``, ``min_score`` and ``max_match`` (the suffix
 drafter's longest draft per matched token, its score floor, and the longest match it measures),
-``phrases`` (the suffix drafter's phrase table: auto, off or a table file).
+``phrases`` (the suffix drafter's phrase table: auto, off or a table file), ``min_match``,
+``min_frequency`` and ``head_k`` (the hybrid drafter's: when a suffix proposal drafts, and
+the head's longest draft).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -40,7 +42,7 @@ PEERS = ("hf-generate", "hf-prompt-lookup", "llama.cpp", "llama.cpp-lookup")
 BASELINE = "none"
 VERISPEC_OPTIONS = {
     *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels"),
-    *("spec_factor", "min_score", "max_match", "phrases", "native"),
+    *("spec_factor", "min_score", "max_match", "phrases", "native", "min_match", "min_frequency", "head_k"),
 }
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
@@ -106,6 +108,11 @@ class BenchConfig:
             options["suffix_phrases"] = self.options["phrases"]
         if "native" in self.options:
             options["suffix_native"] = self.options["native"]
+        for key in ("min_match", "head_k"):
+            if key in self.options:
+                options[f"hybrid_{key}"] = self.int_option(key, 1)
+        if "min_frequency" in self.options:
+            options["hybrid_min_frequency"] = self.float_option("min_frequency")
         return options
 
     def k_option(self, default: int | str) -> int | str:

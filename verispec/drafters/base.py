@@ -8,6 +8,10 @@ Lifecycle, one line each:
 - ``propose_tree(context, k, rng)``, only where a drafter has ``branches`` > 1 (the trained
   drafters' ``draft_branches``): k drafted positions, each offering up to ``branches``
   candidates, as a tree (``Draft.parents``) whose main chain is what ``propose`` drafts.
+- ``cheap_next(context, k)``, only where a drafter routes each proposal to a cheap or a dear
+  drafter of its own (``hybrid``: suffix's walk or the head's layers): whether
+  ``propose(context, k)`` will be the cheap one; pure. A shadowing governor asks for the cheap
+  ones in every plain round and for the dear ones as its shadow budget allows.
 - ``observe(context, accepted)``: the round committed ``context`` (now ending with the
   bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
 - ``reset()``: forget the request.

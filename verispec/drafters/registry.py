@@ -20,7 +20,7 @@ DrafterFactory = Callable[[DrafterContext], Drafter]
 CONTROLS = frozenset({"wrong"})
 # Drafters that learn from earlier requests (the suffix cache): a server with several API keys
 # builds one per key (``scope`` option), so one key's prompts never draft for another.
-LEARNING_DRAFTERS = frozenset({"suffix"})
+LEARNING_DRAFTERS = frozenset({"suffix", "hybrid"})
 
 # The options each drafter reads from its context (``DrafterContext.option``). ``Engine.drafter``
 # and the bench refuse any other option asked for a drafter by name, so a misspelt or misplaced
@@ -36,6 +36,7 @@ _SUFFIX = (
     "suffix_phrases",
     "suffix_native",
 )
+_HYBRID = ("hybrid_min_match", "hybrid_min_frequency", "hybrid_head_k")
 DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "lookup": frozenset({"max_ngram", "min_ngram"}),
@@ -43,13 +44,14 @@ DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
     "model": frozenset({"draft_target", "draft_tokenizer"}),
     "head": frozenset({*_TRAINED, "head_kernels"}),
     "block": frozenset(_TRAINED),
+    "hybrid": frozenset({*_SUFFIX, "scope", *_TRAINED, "head_kernels", *_HYBRID}),
     "wrong": frozenset({"wrong_token"}),
 }
 
 
 @functools.cache
 def _factories() -> dict[str, DrafterFactory]:
-    from verispec.drafters import block, control, head, lookup, model, none, suffix
+    from verispec.drafters import block, control, head, hybrid, lookup, model, none, suffix
 
     return {
         "none": none._build,
@@ -58,6 +60,7 @@ def _factories() -> dict[str, DrafterFactory]:
         "model": model._build,
         "head": head._build,
         "block": block._build,
+        "hybrid": hybrid._build,
         "wrong": control._build,
     }
 

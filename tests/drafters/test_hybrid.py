@@ -1,0 +1,106 @@
+"""The ``hybrid`` drafter: suffix's proposal where it is strong, the head's elsewhere
+(verispec/drafters/hybrid.py). Its exactness through the whole engine is in
+tests/engine/test_equivalence.py (greedy) and tests/engine/test_distribution.py (sampled)."""
+
+import numpy as np
+import pytest
+
+from tests.drafters import trained
+from verispec.drafters import hybrid
+from verispec.drafters.base import DrafterError
+from verispec.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+# The tiny target's own text: the second "the cat" continues as the first one did.
+REPEATING = "the cat sat on the mat. the cat sat on the mat. the cat"
+FRESH = "a dog"
+
+
+@pytest.fixture
+def drafter(tiny_engine, tiny_drafters):
+    return tiny_engine.drafter("hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=0, fresh=True)
+
+
+@pytest.fixture
+def head(tiny_engine, tiny_drafters):
+    return tiny_engine.drafter("head", drafter_weights=str(tiny_drafters["head"]), fresh=True)
+
+
+def proposal(engine, drafter, prompt, k, seed=0):
+    """(draft, cheap_next) of ``drafter`` on the prefilled ``prompt``."""
+    context = trained.prepared(engine, drafter, prompt, GREEDY)
+    try:
+        cheap = drafter.cheap_next(context, k)
+        return drafter.propose(context, k, np.random.default_rng(seed)), cheap, context
+    finally:
+        trained.release(engine, drafter)
+
+
+def test_a_strong_match_drafts_suffix_s_proposal(tiny_engine, drafter):
+    draft, cheap, context = proposal(tiny_engine, drafter, REPEATING, 4)
+    copier = drafter.copier
+    copier.begin(context, GREEDY)
+    expected = copier.propose(context, 4, np.random.default_rng(0))
+    assert cheap and draft.source[0] == "suffix" and draft.probs is None
+    assert draft.tokens == expected.tokens and len(draft.tokens) > 1
+    assert (drafter.copied, drafter.learnt_rounds) == (1, 0)
+
+
+def test_elsewhere_the_head_drafts_at_most_head_k(tiny_engine, drafter, head):
+    draft, cheap, _ = proposal(tiny_engine, drafter, FRESH, 4)
+    context = trained.prepared(tiny_engine, head, FRESH, GREEDY)
+    try:
+        alone = head.propose(context, 1, np.random.default_rng(0))
+    finally:
+        trained.release(tiny_engine, head)
+    assert not cheap and draft.source == hybrid.HEAD_SOURCE
+    assert draft.tokens == alone.tokens and len(draft.tokens) == hybrid.DEFAULT_HEAD_K
+    assert (drafter.copied, drafter.learnt_rounds) == (0, 1)
+
+
+def test_a_stricter_match_floor_hands_the_round_to_the_head(tiny_engine, tiny_drafters):
+    strict = tiny_engine.drafter(
+        "hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=0, hybrid_min_match=64, fresh=True
+    )
+    draft, cheap, _ = proposal(tiny_engine, strict, REPEATING, 4)
+    assert not cheap and draft.source == hybrid.HEAD_SOURCE
+
+
+def test_proposals_are_pure_and_prefixes_of_longer_ones(tiny_engine, drafter):
+    # The planner asks a pure drafter for k_max and verifies the first k: the same draft
+    # whichever k it asked for, and asking again changes nothing.
+    for prompt in (REPEATING, FRESH):
+        context = trained.prepared(tiny_engine, drafter, prompt, GREEDY)
+        try:
+            longest = drafter.propose(context, 6, np.random.default_rng(0))
+            drafter.observe(context, 0)
+            for k in (6, 3, 1):
+                again = drafter.propose(context, k, np.random.default_rng(0))
+                drafter.observe(context, 0)
+                assert again.tokens == longest.tokens[:k] and again.source == longest.source
+        finally:
+            trained.release(tiny_engine, drafter)
+
+
+def test_forks_share_suffix_s_cache_and_own_their_requests(tiny_engine, tiny_drafters):
+    drafter = tiny_engine.drafter("hybrid", drafter_weights=str(tiny_drafters["head"]), fresh=True)
+    twin = drafter.fork(tiny_engine.target)
+    assert twin.cache is drafter.cache and twin.copier is not drafter.copier
+    assert twin.learnt is not drafter.learnt and twin.learnt.net is drafter.learnt.net
+    assert twin.hidden_capture == drafter.hidden_capture
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"hybrid_min_match": 0},
+        {"hybrid_min_match": 2.5},
+        {"hybrid_min_frequency": 1.5},
+        {"hybrid_head_k": 0},
+        {"suffix_max_match": 0},
+        {"head_kernels": "q3"},
+    ],
+)
+def test_bad_options_are_refused(tiny_engine, tiny_drafters, options):
+    with pytest.raises(DrafterError):
+        tiny_engine.drafter("hybrid", drafter_weights=str(tiny_drafters["head"]), fresh=True, **options)

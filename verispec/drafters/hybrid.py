@@ -1,0 +1,143 @@
+"""``hybrid``: ``suffix`` where the text has repeated itself, the trained ``head`` elsewhere.
+
+SuffixDecoding's hybrid with a learnt drafter: a copying drafter is nearly free and drafts
+long where the request (or an earlier one) holds what follows, but has nothing good to say
+in fresh prose; a trained head drafts everywhere, a token or two deep, at the cost of its
+layers. Each round the hybrid first asks ``suffix`` (a pure read of its stores, tens of
+microseconds). Where that proposal is strong (a match of at least ``hybrid_min_match``
+tokens whose first token followed at least ``hybrid_min_frequency`` of its occurrences) it
+is the round's draft, up to k tokens; otherwise the head drafts, at most ``hybrid_head_k``
+tokens. Both observe every round: the suffix document and cache stay in step, and the head
+takes in the verify passes' states (a round drafted by ``suffix`` is to the head a round it
+did not draft, whose states it catches up on at its next proposal).
+
+Exactness: which drafter drafts depends on the committed context alone, never on a draw,
+so each round's draft is distributed exactly as the row it reports (a ``suffix`` draft is a
+point mass, a head draft carries its q rows); the rule then keeps the output the target's.
+
+A proposal's source is ("suffix", suffix's own source) or "head", so a governor keeps its
+acceptance estimates apart for the two. Proposals are pure (``pure_proposals``): suffix's
+walk is a read, and the head's proposal only takes in committed positions' states (its
+drafted positions are dropped at its next proposal), so the governor decides k with the
+proposal in hand, per source, as it does for ``suffix``. A head proposal is not cheap (its
+layers: ~10% of a plain step on 2 cores); ``cheap_next`` tells the planner which kind the
+next one is, so plain rounds ask for suffix's always and for the head's as the governor's
+shadow budget allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from verispec.drafters import head, suffix
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError
+from verispec.sampling import SamplingParams
+from verispec.targets.base import HiddenCapture
+
+DEFAULT_MIN_MATCH = 2
+DEFAULT_MIN_FREQUENCY = 0.5
+DEFAULT_HEAD_K = 1
+HEAD_SOURCE = "head"
+_UNUSED = np.random.default_rng(0)  # the generator suffix's propose takes and never reads
+
+
+class HybridDrafter:
+    name = "hybrid"
+    pure_proposals = True  # see the module docstring
+
+    def __init__(
+        self,
+        copier: suffix.SuffixDrafter,
+        learnt: head.HeadDrafter,
+        *,
+        min_match: int = DEFAULT_MIN_MATCH,
+        min_frequency: float = DEFAULT_MIN_FREQUENCY,
+        head_k: int = DEFAULT_HEAD_K,
+    ) -> None:
+        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
+            raise DrafterError(f"hybrid_min_match is an integer >= 1, got {min_match!r}")
+        if not 0.0 <= min_frequency <= 1.0:
+            raise DrafterError(f"hybrid_min_frequency is a number in [0, 1], got {min_frequency!r}")
+        if isinstance(head_k, bool) or not isinstance(head_k, int) or head_k < 1:
+            raise DrafterError(f"hybrid_head_k is an integer >= 1, got {head_k!r}")
+        self.copier, self.learnt = copier, learnt
+        self.min_match, self.min_frequency, self.head_k = min_match, min_frequency, head_k
+        self.copied = 0  # proposals made by suffix, and by the head (for reports and tests)
+        self.learnt_rounds = 0
+        self._peek: tuple[int, int, Draft | None] | None = None  # (len(context), k, strong suffix draft)
+
+    @property
+    def cache(self) -> suffix.SuffixCache:
+        """The cross-request cache of ``suffix`` (the bench clears it between its passes)."""
+        return self.copier.cache
+
+    @property
+    def hidden_capture(self) -> HiddenCapture:
+        return self.learnt.hidden_capture
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        self._peek = None
+        self.copier.begin(prompt_ids, params)
+        self.learnt.begin(prompt_ids, params)
+
+    def cheap_next(self, context: Sequence[int], k: int) -> bool:
+        """Whether ``propose(context, k)`` will be suffix's (nearly free) rather than the head's."""
+        return k > 0 and self._copied(context, k) is not None
+
+    def propose(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        if k <= 0:
+            return NO_DRAFT
+        copied = self._copied(context, k)
+        if copied is not None:
+            self.copied += 1
+            return copied
+        drafted = self.learnt.propose(context, min(k, self.head_k), rng)
+        self.learnt_rounds += 1
+        return Draft(drafted.tokens, drafted.probs, HEAD_SOURCE) if drafted.tokens else NO_DRAFT
+
+    def _copied(self, context: Sequence[int], k: int) -> Draft | None:
+        """suffix's proposal of up to k tokens where it is strong (a match of at least
+        ``min_match`` tokens, a first token that followed at least ``min_frequency`` of them),
+        else None; kept for the same context and k (``cheap_next`` then ``propose``)."""
+        if self._peek is not None and self._peek[:2] == (len(context), k):
+            return self._peek[2]
+        # suffix's drafts are deterministic (point masses): it draws nothing from a generator.
+        copied = self.copier.propose(context, k, _UNUSED).main_chain()
+        walk = self.copier.last if copied.tokens else None
+        first = copied.frequencies[0] if copied.frequencies else 0.0
+        strong = walk is not None and walk.match >= self.min_match and first >= self.min_frequency
+        found = Draft(copied.tokens, None, (suffix.SuffixDrafter.name, copied.source)) if strong else None
+        self._peek = (len(context), k, found)
+        return found
+
+    def observe(self, context: Sequence[int], accepted: int) -> None:
+        self._peek = None
+        self.copier.observe(context, accepted)
+        self.learnt.observe(context, accepted)
+
+    def reset(self) -> None:
+        self._peek = None
+        self.copier.reset()
+        self.learnt.reset()
+
+    def fork(self, target: Any) -> HybridDrafter:
+        return HybridDrafter(
+            self.copier.fork(target),
+            self.learnt.fork(target),
+            min_match=self.min_match,
+            min_frequency=self.min_frequency,
+            head_k=self.head_k,
+        )
+
+
+def _build(context: DrafterContext) -> HybridDrafter:
+    return HybridDrafter(
+        suffix._build(context),
+        head._build(context),
+        min_match=context.option("hybrid_min_match", DEFAULT_MIN_MATCH),
+        min_frequency=context.option("hybrid_min_frequency", DEFAULT_MIN_FREQUENCY),
+        head_k=context.option("hybrid_head_k", DEFAULT_HEAD_K),
+    )
