@@ -99,6 +99,8 @@ def test_forks_share_suffix_s_cache_and_own_their_requests(tiny_engine, tiny_dra
         {"hybrid_head_k": 0},
         {"suffix_max_match": 0},
         {"head_kernels": "q3"},
+        {"draft_branches": 3},  # trees: neither part's are drafted by the hybrid
+        {"suffix_branches": 2},
     ],
 )
 def test_bad_options_are_refused(tiny_engine, tiny_drafters, options):

@@ -190,7 +190,7 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
         assert sum(trees) > runs // 10  # trees were verified, not only chains
     if drafter == "hybrid":
         print(f"  proposals: {chosen.copied} by suffix, {chosen.learnt_rounds} by the head")
-        assert chosen.copied > runs // 10 and chosen.learnt_rounds > runs // 10  # both drafters drafted
+        assert chosen.copied > runs // 10 and chosen.learnt_rounds > runs // 10  # both drafters proposed
     if drafter == "wrong":
         assert offered > 0 and accepted == 0  # every round drafted, every draft rejected
     elif drafter != "none" and (k != "auto" or offered > 0):

@@ -134,6 +134,9 @@ class HybridDrafter:
 
 
 def _build(context: DrafterContext) -> HybridDrafter:
+    for option in ("suffix_branches", "draft_branches"):  # read by the parts: refused here, not ignored
+        if context.option(option, 1) != 1:
+            raise DrafterError(f"the hybrid drafter drafts chains: {option} must be 1, got {context.option(option)!r}")
     return HybridDrafter(
         suffix._build(context),
         head._build(context),
