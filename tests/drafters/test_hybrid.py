@@ -27,7 +27,8 @@ def head(tiny_engine, tiny_drafters):
 
 
 def proposal(engine, drafter, prompt, k, seed=0):
-    """(draft, cheap_next) of ``drafter`` on the prefilled ``prompt``."""
+    """(its proposal, what ``cheap_next`` said before it, the context) of ``drafter`` on the
+    prefilled ``prompt``."""
     context = trained.prepared(engine, drafter, prompt, GREEDY)
     try:
         cheap = drafter.cheap_next(context, k)
