@@ -97,6 +97,7 @@ def test_forks_share_suffix_s_cache_and_own_their_requests(tiny_engine, tiny_dra
         {"hybrid_min_match": 0},
         {"hybrid_min_match": 2.5},
         {"hybrid_min_frequency": 1.5},
+        {"hybrid_min_frequency": "often"},
         {"hybrid_head_k": 0},
         {"suffix_max_match": 0},
         {"head_kernels": "q3"},

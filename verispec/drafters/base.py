@@ -190,10 +190,15 @@ DEFAULT_MIN_CONFIDENCE = 0.0
 
 def check_confidence(value: object) -> float:
     """A ``min_confidence`` option: a number in [0, 1]."""
+    return check_fraction(value, "min_confidence")
+
+
+def check_fraction(value: object, name: str) -> float:
+    """Option ``name``'s ``value`` as a number in [0, 1]; ``DrafterError`` for anything else."""
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         number = math.nan
     if not 0.0 <= number <= 1.0:
-        raise DrafterError(f"min_confidence must be a number in [0, 1], got {value!r}")
+        raise DrafterError(f"{name} must be a number in [0, 1], got {value!r}")
     return number

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from verispec.drafters import head, suffix
-from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError
+from verispec.drafters.base import NO_DRAFT, Draft, DrafterContext, DrafterError, check_fraction
 from verispec.sampling import SamplingParams
 from verispec.targets.base import HiddenCapture
 
@@ -59,8 +59,7 @@ class HybridDrafter:
     ) -> None:
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise DrafterError(f"hybrid_min_match is an integer >= 1, got {min_match!r}")
-        if not 0.0 <= min_frequency <= 1.0:
-            raise DrafterError(f"hybrid_min_frequency is a number in [0, 1], got {min_frequency!r}")
+        min_frequency = check_fraction(min_frequency, "hybrid_min_frequency")
         if isinstance(head_k, bool) or not isinstance(head_k, int) or head_k < 1:
             raise DrafterError(f"hybrid_head_k is an integer >= 1, got {head_k!r}")
         self.copier, self.learnt = copier, learnt
