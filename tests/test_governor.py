@@ -811,3 +811,26 @@ def test_a_carried_back_off_still_finds_a_drafter_that_starts_to_pay():
     # carried back-off; the memory pays after two or three more requests.
     assert drafted > 30 and governors_rounds <= Governor(8, model).longest_backoff() + 3 * 60
     assert memory.schedule is None
+
+
+def test_a_prediction_for_a_source_decides_nothing_and_matches_the_decision():
+    # ``predicted`` is asked before a round is decided (a routed drafter's planner): it counts
+    # no decision, leaves the current source alone, and says what ``next_k`` would.
+    governor = Governor(8, costs(draft=0.0), adapt_costs=False, shadow=True)
+    governor.estimates("right").acceptance = [0.9]
+    governor.estimates("wrong").acceptance = [0.0]
+    governor.current = "wrong"
+    right, wrong = governor.predicted("right"), governor.predicted("wrong")
+    assert (governor.decisions, governor.plain_by_governor, governor.current) == (0, 0, "wrong")
+    assert right == governor.next_k("right") and right.k > 0
+    assert wrong == governor.next_k("wrong") and wrong.k == 0
+
+
+def test_a_shadow_can_be_scored_for_a_source_other_than_the_current_one():
+    governor = Governor(8, costs(), shadow=True)
+    governor.next_k("current")
+    governor.observe_shadow(1.0, "aside")
+    governor.observe_shadow(0.0)
+    assert governor.estimates("aside").acceptance == [pytest.approx(0.75)]  # the prior, then a hit
+    assert governor.estimates("current").acceptance == [pytest.approx(0.25)]
+    assert governor.estimates(None).acceptance == []  # the pooled start, untouched

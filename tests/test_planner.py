@@ -8,7 +8,7 @@ from verispec.accept_tree import accept_tree
 from verispec.drafters.base import Draft
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
-from verispec.governor import CostModel, Load
+from verispec.governor import CostModel, Estimates, Load
 from verispec.planner import AUTO, Planner, chain_verdict, row_acceptance, token_acceptance, tree_verdict
 from verispec.sampling import SamplingParams, final_distributions
 from verispec.stats import RequestStats
@@ -512,6 +512,8 @@ class RoutedWrong(WrongDrafter):
     """An always-wrong drafter that routes: its proposal after a context of even length is
     its cheap one (``cheap_next``, as ``hybrid`` says of suffix's); it counts both kinds."""
 
+    fallback_source = "dear"
+
     def __init__(self) -> None:
         super().__init__(7)
         self.cheap = self.dear = 0
@@ -522,8 +524,11 @@ class RoutedWrong(WrongDrafter):
     def propose(self, context, k, rng):
         if self.cheap_next(context, k):
             self.cheap += 1
-        else:
-            self.dear += 1
+            return super().propose(context, k, rng)
+        return self.propose_fallback(context, k, rng)
+
+    def propose_fallback(self, context, k, rng):
+        self.dear += 1
         return super().propose(context, k, rng)
 
 
@@ -555,3 +560,96 @@ def test_a_routed_drafter_shadows_its_cheap_proposals_always_and_its_dear_ones_a
     assert drafter.cheap == rounds // 2  # every one
     dear_rounds = rounds // 2
     assert drafter.dear == pytest.approx(SHADOW_FREE_MISSES // 2 + SHADOW_MIN_RATE * dear_rounds, abs=3)
+
+
+class TwoSources:
+    """A routed drafter whose routing always picks its cheap proposal (token 5, source
+    "cheap"), and whose dear one (token 9, source "dear") comes on demand; it counts the dear
+    proposals."""
+
+    name = "two-sources"
+    hidden_capture = None
+    pure_proposals = True
+    fallback_source = "dear"
+    steady_sources = ("dear",)
+
+    def __init__(self) -> None:
+        self.dear = 0
+
+    def begin(self, prompt_ids, params):
+        pass
+
+    def cheap_next(self, context, k):
+        return True
+
+    def propose(self, context, k, rng):
+        return Draft([5] * k, None, "cheap") if k > 0 else Draft([])
+
+    def propose_fallback(self, context, k, rng):
+        self.dear += 1
+        return Draft([9], None, "dear")
+
+    def observe(self, context, accepted):
+        pass
+
+
+def _two_sources(cheap: float, dear: float, **options):
+    """A request of ``TwoSources`` whose governor starts knowing each source's acceptance at
+    position 1 (the dear one's pooled, as a steady source's is)."""
+    planner = Planner()
+    drafter = TwoSources()
+    planner.calibrated[drafter.name] = planner.live[drafter.name] = CostModel.line(0.01, 0.001, 0.00001, True)
+    request, _ = _begun(planner, drafter, [1, 2, 3], **options)
+    if request.governor is not None:
+        request.governor.sources = {"cheap": Estimates([cheap]), "dear": Estimates([dear], pooled=True)}
+    return request, drafter
+
+
+def test_the_governor_overrides_a_routed_drafters_cheap_proposal_where_only_its_dear_one_would_pay():
+    # The routing picks the cheap proposal every round; the governor knows it is wrong and the
+    # dear one right: the round drafts the dear one, and the cheap one's first token is scored
+    # for its own source (here the target's token: its estimate rises; the dear draft, wrong,
+    # lowers the dear's).
+    request, drafter = _two_sources(cheap=0.0, dear=0.9)
+    plan = request.plan([1, 2, 3], 50, RNG)
+    assert plan.draft.tokens == [9] and plan.draft.source == "dear" and drafter.dear == 1
+    target_is_five = row_acceptance(np.eye(10)[5])
+    request.observe(1, 0, 0.0, 0.011, target_is_five)
+    governor = request.governor
+    assert governor.estimates("cheap").acceptance[0] == pytest.approx(0.5)  # the set-aside shadow: right
+    assert governor.estimates("dear").acceptance[0] < 0.9  # the verified draft: wrong
+
+    # Where the cheap source pays, or the dear one does not, the routing stands.
+    for cheap, dear, k in ((0.9, 0.9, 3), (0.0, 0.0, 0)):
+        request, drafter = _two_sources(cheap=cheap, dear=dear)
+        plan = request.plan([1, 2, 3], 4, RNG)
+        assert plan.draft.source in ("cheap", None) and len(plan.draft.tokens) == k and drafter.dear == 0
+        assert plan.shadow.tokens == ([5] if k == 0 else [])
+
+    # A fixed k never consults a governor: the routing's proposal is the draft.
+    request, drafter = _two_sources(cheap=0.0, dear=0.9, k=2)
+    assert request.plan([1, 2, 3], 50, RNG).draft.tokens == [5, 5] and drafter.dear == 0
+
+
+def test_a_routed_drafters_steady_source_pools_its_memory_where_the_others_move_on_a_few_rounds():
+    # Six wrong rounds from a memory of 0.5: the steady source's estimate pools the memory
+    # (MEMORY_ROUNDS of it) with the request's rounds, the other's is a running mean with the
+    # prior as one observation, then a moving average.
+    from verispec.governor import MEMORY_ROUNDS, REQUEST_FORGET, AcceptanceMemory
+
+    planner = Planner()
+    drafter = TwoSources()
+    planner.calibrated[drafter.name] = planner.live[drafter.name] = CostModel.line(0.01, 0.001, 0.00001, True)
+    planner.acceptance[drafter.name] = AcceptanceMemory(0.5, {"cheap": 0.5, "dear": 0.5})
+    request, _ = _begun(planner, drafter, [1, 2, 3])
+    governor = request.governor
+    assert governor.shadow and governor.steady == {"dear"}
+    for source in ("cheap", "dear"):
+        governor.current = source
+        for _ in range(6):
+            governor.observe(1, 0, 0.0, 0.011)
+    rounds = sum(REQUEST_FORGET**i for i in range(6))
+    assert governor.estimates("dear").acceptance[0] == pytest.approx(MEMORY_ROUNDS * 0.5 / (MEMORY_ROUNDS + rounds))
+    assert governor.estimates("cheap").acceptance[0] == pytest.approx(
+        0.5 * (1 / 2) * (2 / 3) * (3 / 4) * (4 / 5) * 0.8 * 0.8
+    )

@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from verispec import rounds
@@ -112,6 +112,13 @@ from verispec.tree_sizing import BranchCalibration, TreeChoice, best_nodes, dept
 
 # What a proposal is based on (``Draft.source``): the governor's estimates are kept per source.
 Source = Hashable
+
+
+class _Current:
+    """The source of the round being decided (``Governor.current``), where None is a source."""
+
+
+CURRENT = _Current()
 
 ACCEPT_EMA = 0.2  # weight of the newest round in the acceptance estimates (~5-round memory)
 COST_EMA = 0.25  # weight of the newest plain step's timing in r(1), and of drafting times
@@ -443,6 +450,7 @@ class Governor:
         start: Sequence[float] | Mapping[Source, Sequence[float]] = (),
         branching: BranchCalibration | None = None,
         schedule: Backoff | None = None,
+        steady: Collection[Source] = (),
     ) -> None:
         """``shadow``: plain rounds will report a shadow draft's acceptance (``observe_shadow``).
         ``start``: acceptance per draft position to start from, per source or for all
@@ -450,7 +458,10 @@ class Governor:
         the later-child calibration of trees to start from (copied; default the prior).
         ``schedule``: the back-off the last request of this drafter ended in
         (``AcceptanceMemory.schedule``); a probing governor whose start says that no k pays
-        goes on with it instead of starting a back-off of its own."""
+        goes on with it instead of starting a back-off of its own. ``steady``: sources whose
+        acceptance is the drafter's own rather than the prompt's (a routed drafter's trained
+        head, ``steady_sources``): pooled with the memory as a probing governor's are, even
+        where this one shadows (see MEMORY_ROUNDS)."""
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         if not costs.known:
@@ -460,8 +471,9 @@ class Governor:
         self.adapt_costs = adapt_costs
         self.shadow = shadow
         starts = dict(start) if isinstance(start, Mapping) else {None: start}
+        self.steady = frozenset(steady)
         self.sources: dict[Source, Estimates] = {
-            source: Estimates(values, pooled=not shadow) for source, values in starts.items()
+            source: Estimates(values, pooled=self._pooled(source)) for source, values in starts.items()
         }
         # A source not seen yet starts where the memory's pooled estimate (key None) does.
         self._default_start = tuple(starts.get(None, ()))
@@ -492,8 +504,24 @@ class Governor:
 
     def estimates(self, source: Source = None) -> Estimates:
         if source not in self.sources:
-            self.sources[source] = Estimates(self._default_start, pooled=not self.shadow)
+            self.sources[source] = Estimates(self._default_start, pooled=self._pooled(source))
         return self.sources[source]
+
+    def _pooled(self, source: Source) -> bool:
+        """Whether ``source``'s position-1 estimate pools the memory with the request's rounds
+        (a probing governor's, and a steady source's) rather than following a moving average."""
+        return not self.shadow or source in self.steady
+
+    def predicted(self, source: Source = None) -> Decision:
+        """``best`` for a proposal from ``source``, asked before deciding (or making) it: a
+        routed drafter's planner asks whether its dear drafter's proposal would be drafted
+        where the cheap one would not (``RequestPlanner._routed``). Decides nothing and counts
+        nothing."""
+        current, self.current = self.current, source
+        try:
+            return self.best()
+        finally:
+            self.current = current
 
     def best(self, floor: float = MIN_GAIN) -> Decision:
         """The k with the most predicted tokens per unit time, by the theory; plain (k 0)
@@ -806,13 +834,14 @@ class Governor:
             return Backoff(min(2 * self.backoff, self.longest_backoff()), self.backoff)
         return None
 
-    def observe_shadow(self, acceptance: float) -> None:
-        """A plain round's shadow draft (from the current source): the probability in [0, 1]
+    def observe_shadow(self, acceptance: float, source: Source | _Current = CURRENT) -> None:
+        """A shadow draft (from the current source, or ``source``): the probability in [0, 1]
         that the rule would have accepted it at position 1 (at greedy, 1 if it is the target's
-        token, else 0)."""
+        token, else 0). A plain round's proposal, or one a routed drafter's round set aside
+        for its dear drafter's (``RequestPlanner._routed``)."""
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"a shadow acceptance is a probability, got {acceptance}")
-        self.estimates(self.current).update(0, acceptance, ACCEPT_EMA)
+        self.estimates(self.current if isinstance(source, _Current) else source).update(0, acceptance, ACCEPT_EMA)
 
 
 @dataclass

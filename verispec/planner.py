@@ -93,6 +93,9 @@ class RequestPlanner:
         self.fixed_k = fixed_k
         self.governor = governor
         self._shadow = NO_DRAFT  # the last plan's shadow draft
+        # A routed drafter's cheap proposal set aside for its dear one (``_routed``): its first
+        # token is scored as a shadow for its own source, whatever the round does.
+        self._set_aside = NO_DRAFT
         self._proposed = False  # whether the last plan asked the drafter for a proposal
         # A shadowing governor's plain rounds: whether the last plan was one, and the credit
         # for shadow proposals (in proposals; each plain round earns ``Governor.shadow_rate``).
@@ -114,6 +117,7 @@ class RequestPlanner:
         governor, drafter = self.governor, self.drafter
         self._tree = None
         self._proposed = False
+        self._set_aside = NO_DRAFT
         # Beside a load, "evidence": the proposal is asked for its shadow only (``_asks_beside_load``).
         ask: Literal["decide", "evidence", "no"] = "decide"
         if governor is not None and governor.adapt_costs:
@@ -139,7 +143,10 @@ class RequestPlanner:
         elif governor.shadow:
             # The drafter is pure and cheap: its proposal comes first, so the governor decides
             # knowing what it is based on (``Draft.source``).
-            offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
+            if ask == "decide" and routed(drafter):
+                offer = self._routed(governor, context, min(governor.k_max, room - 1), rng)
+            else:
+                offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
             self._proposed = True
             offer = offer if self.trees else offer.main_chain()
             if offer.is_tree and offer.frequencies is not None:
@@ -186,6 +193,33 @@ class RequestPlanner:
         elif self._proposed and not plan.shadow.tokens:
             self._shadow_misses += 1  # asked, and nothing to offer
         return plan
+
+    def _routed(self, governor: Governor, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        """A routed drafter's proposal for a governed round: the one its routing makes, or its
+        dear one where that was its cheap one and the governor would draft the dear one and
+        not the cheap one.
+
+        The hybrid routes by what a proposal is based on (a strong suffix match); the governor
+        knows how often each source was right in this request. A cheap proposal it would not
+        draft left the round plain, where the trained head might pay (one pass over 26 dev
+        prompts, greedy: 183 plain rounds in 1,593, 79 of them on suffix proposals and 104 on
+        the head's, whose moving average kept dipping below break-even; with this and the
+        head's estimate pooled (``steady_sources``), 11). The choice reads estimates of
+        earlier rounds only, never this round's draws, so the round's draft is distributed as
+        the row it reports and the output stays the target's. The cheap proposal set aside has
+        its first token scored as a shadow for its own source."""
+        drafter: Any = self.drafter
+        offer: Draft = drafter.propose(context, k, rng)
+        dear = drafter.fallback_source
+        if not offer.tokens or offer.source == dear or governor.predicted(offer.source).k > 0:
+            return offer
+        if governor.predicted(dear).k == 0:
+            return offer
+        other: Draft = drafter.propose_fallback(context, k, rng)
+        if not other.tokens:
+            return offer
+        self._set_aside = prefix(offer, 1)
+        return other
 
     def _plain_by_load(self, governor: Governor) -> Plan:
         governor.plain_by_governor += 1
@@ -285,6 +319,10 @@ class RequestPlanner:
             chance = shadow_acceptance(self._shadow)
             governor.observe_shadow(chance)
             self._shadow_misses = 0 if chance >= 0.5 else self._shadow_misses + 1
+        if self._set_aside.tokens:
+            if shadow_acceptance is None:
+                raise ValueError("a round that set a proposal aside needs its acceptance at the first position")
+            governor.observe_shadow(shadow_acceptance(self._set_aside), self._set_aside.source)
 
 
 class Planner:
@@ -338,7 +376,9 @@ class Planner:
         # its own (a trained head, a draft model); a pure drafter's belongs to the prompt (what
         # repeats, what the cache holds), so each request looks afresh.
         schedule = None if drafter.pure_proposals else memory.schedule
-        governor = Governor(limit, costs, not reproducible, shadow, start, branching, schedule)
+        # A routed drafter's dear sources (a trained head's) have an acceptance of their own.
+        steady = getattr(drafter, "steady_sources", ())
+        governor = Governor(limit, costs, not reproducible, shadow, start, branching, schedule, steady)
         stats.governor_start_acceptance = start[None][0] if start else None
         return RequestPlanner(drafter, stats, governor=governor)
 
@@ -354,8 +394,10 @@ class Planner:
 
 def routed(drafter: Drafter) -> bool:
     """Whether ``drafter`` routes each proposal to a cheap or a dear drafter and says which
-    comes next (``cheap_next(context, k)``, pure: the ``hybrid`` drafter's)."""
-    return callable(getattr(drafter, "cheap_next", None))
+    comes next (``cheap_next(context, k)``, pure: the ``hybrid`` drafter's), and makes its
+    dear one on demand (``propose_fallback(context, k, rng)``, of source ``fallback_source``,
+    pure) for a governor that overrides the routing (``RequestPlanner._routed``)."""
+    return callable(getattr(drafter, "cheap_next", None)) and callable(getattr(drafter, "propose_fallback", None))
 
 
 def calibrate(

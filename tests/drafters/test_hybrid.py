@@ -59,6 +59,25 @@ def test_elsewhere_the_head_drafts_at_most_head_k(tiny_engine, drafter, head):
     assert (drafter.copied, drafter.learnt_rounds) == (0, 1)
 
 
+def test_its_fallback_is_the_head_s_proposal_even_where_suffix_is_strong(tiny_engine, drafter, head):
+    # What a governor that would not draft suffix's strong proposal asks for instead: the
+    # head's, as the head alone proposes it, of the source the governor pools (steady).
+    context = trained.prepared(tiny_engine, drafter, REPEATING, GREEDY)
+    try:
+        assert drafter.cheap_next(context, 4)
+        fallback = drafter.propose_fallback(context, 4, np.random.default_rng(0))
+    finally:
+        trained.release(tiny_engine, drafter)
+    context = trained.prepared(tiny_engine, head, REPEATING, GREEDY)
+    try:
+        alone = head.propose(context, 1, np.random.default_rng(0))
+    finally:
+        trained.release(tiny_engine, head)
+    assert fallback.source == drafter.fallback_source == hybrid.HEAD_SOURCE
+    assert fallback.tokens == alone.tokens and len(fallback.tokens) == hybrid.DEFAULT_HEAD_K
+    assert drafter.steady_sources == (hybrid.HEAD_SOURCE,) and drafter.learnt_rounds == 1
+
+
 def test_a_stricter_match_floor_hands_the_round_to_the_head(tiny_engine, tiny_drafters):
     strict = tiny_engine.drafter(
         "hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=0, hybrid_min_match=64, fresh=True

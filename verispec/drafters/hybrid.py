@@ -22,7 +22,12 @@ drafted positions are dropped at its next proposal), so the governor decides k w
 proposal in hand, per source, as it does for ``suffix``. A head proposal is not cheap (its
 layers: ~10% of a plain step on 2 cores); ``cheap_next`` tells the planner which kind the
 next one is, so plain rounds ask for suffix's always and for the head's as the governor's
-shadow budget allows.
+shadow budget allows. Under ``--k auto`` the governor also overrides the routing where its
+estimates say so: a strong suffix proposal from a source that does not pay in this request
+gives way to the head's (``propose_fallback``) where the head's would pay. The head's
+acceptance is its own, not the prompt's (``steady_sources``): its estimate pools the
+engine's memory of it with the request's rounds, where a moving average of a few rounds
+fell below break-even every few rounds at its ~0.45.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ _UNUSED = np.random.default_rng(0)  # the generator suffix's propose takes and n
 class HybridDrafter:
     name = "hybrid"
     pure_proposals = True  # see the module docstring
+    # The head's acceptance is its own (a governor pools its estimate with the engine's
+    # memory of it), suffix's the prompt's; the head is what a declined suffix proposal
+    # falls back to (``propose_fallback``).
+    steady_sources = (HEAD_SOURCE,)
+    fallback_source = HEAD_SOURCE
 
     def __init__(
         self,
@@ -93,6 +103,13 @@ class HybridDrafter:
         if copied is not None:
             self.copied += 1
             return copied
+        return self.propose_fallback(context, k, rng)
+
+    def propose_fallback(self, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+        """The head's proposal (at most ``head_k`` tokens), whatever suffix has: a governed
+        round's draft where the governor would not draft suffix's (``RequestPlanner._routed``)."""
+        if k <= 0:
+            return NO_DRAFT
         drafted = self.learnt.propose(context, min(k, self.head_k), rng)
         self.learnt_rounds += 1
         return Draft(drafted.tokens, drafted.probs, HEAD_SOURCE) if drafted.tokens else NO_DRAFT
