@@ -202,9 +202,9 @@ class RequestPlanner:
         The hybrid routes by what a proposal is based on (a strong suffix match); the governor
         knows how often each source was right in this request. A cheap proposal it would not
         draft left the round plain, where the trained head might pay (one pass over 26 dev
-        prompts, greedy: 183 plain rounds in 1,593, 79 of them on suffix proposals and 104 on
-        the head's, whose moving average kept dipping below break-even; with this and the
-        head's estimate pooled (``steady_sources``), 11). The choice reads estimates of
+        prompts, greedy: 183 governed plain rounds in 1,602, 79 of them on suffix proposals and
+        104 on the head's, whose moving average kept dipping below break-even; with this and
+        the head's estimate pooled (``steady_sources``), 9 in 1,536). The choice reads estimates of
         earlier rounds only, never this round's draws, so the round's draft is distributed as
         the row it reports and the output stays the target's. The cheap proposal set aside has
         its first token scored as a shadow for its own source."""

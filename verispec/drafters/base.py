@@ -11,7 +11,12 @@ Lifecycle, one line each:
 - ``cheap_next(context, k)``, only where a drafter routes each proposal to a cheap or a dear
   drafter of its own (``hybrid``: suffix's walk or the head's layers): whether
   ``propose(context, k)`` will be the cheap one; pure. A shadowing governor asks for the cheap
-  ones in every plain round and for the dear ones as its shadow budget allows.
+  ones in every plain round and for the dear ones as its shadow budget allows. Such a drafter
+  also has ``propose_fallback(context, k, rng)``, its dear proposal whatever the routing says
+  (pure; its ``Draft.source`` is ``fallback_source``), drafted where the governor would not
+  draft the cheap one and would draft the dear one, and may name ``steady_sources``, sources
+  whose acceptance is its own rather than the prompt's (the governor pools their estimates
+  with the engine's memory).
 - ``observe(context, accepted)``: the round committed ``context`` (now ending with the
   bonus) after keeping ``accepted`` drafts; a drafter with a cache trims it here.
 - ``reset()``: forget the request.

@@ -27,7 +27,7 @@ estimates say so: a strong suffix proposal from a source that does not pay in th
 gives way to the head's (``propose_fallback``) where the head's would pay. The head's
 acceptance is its own, not the prompt's (``steady_sources``): its estimate pools the
 engine's memory of it with the request's rounds, where a moving average of a few rounds
-fell below break-even every few rounds at its ~0.45.
+kept dipping below break-even at its ~0.43.
 """
 
 from __future__ import annotations
