@@ -288,8 +288,40 @@ def test_acceptance_memory_learns_position_one_of_finished_requests():
     second = Governor(8, costs(), start=memory.start())
     second.observe(1, 1, 0.0, 1.0)
     memory.learn(second)
-    assert memory.first == pytest.approx(1.25 / 3 + MEMORY_EMA * (1.0 - 1.25 / 3))
-    assert memory.requests == 2
+    # Pooled by rounds examined, the memory's 3 rounds discounted by 1 - MEMORY_EMA.
+    kept = (1 - MEMORY_EMA) * 3
+    assert memory.first == pytest.approx((kept * 1.25 / 3 + 1.0) / (kept + 1))
+    assert memory.requests == 2 and memory.rounds == pytest.approx(kept + 1)
+
+
+def _request_with(hits: int, misses: int) -> Governor:
+    governor = Governor(8, costs())
+    for hit in [1] * hits + [0] * misses:
+        governor.observe(1, hit, 0.0, 1.0)
+    return governor
+
+
+def test_acceptance_memory_weighs_a_request_by_the_rounds_it_examined():
+    # Requests of equal size move the memory by MEMORY_EMA of the gap, as a moving average of
+    # requests would. One that examined a single round (a dear drafter's plain request with
+    # one missed probe) moves it by one round's worth, not by half: weighed as a whole request,
+    # such requests halved a head's memory each time, and it stopped drafting for good.
+    equal = AcceptanceMemory()
+    for _ in range(8):
+        equal.learn(_request_with(45, 55))
+    equal.learn(_request_with(80, 20))
+    assert equal.first == pytest.approx(0.45 + MEMORY_EMA * (0.80 - 0.45), abs=0.005)
+    memory = AcceptanceMemory()
+    memory.learn(_request_with(45, 55))
+    memory.learn(_request_with(0, 1))
+    assert memory.first == pytest.approx((1 - MEMORY_EMA) * 45 / ((1 - MEMORY_EMA) * 100 + 1))
+    for _ in range(2):
+        memory.learn(_request_with(0, 1))
+    assert memory.first > 0.39  # three lone misses after 100 rounds at 0.45 (as requests: 0.056)
+    # Thin evidence still tells in the end: a run of such requests forgets the old rounds.
+    for _ in range(12):
+        memory.learn(_request_with(0, 1))
+    assert memory.first < 0.01
 
 
 def test_acceptance_memory_keeps_each_source_and_starts_new_ones_from_the_pool():

@@ -85,7 +85,8 @@ keep the calibrated costs, priced a head's round at 1.30 plain steps against the
 paid drafting now and then, and ran `--k auto` at 0.82-0.89x of plain.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
-recent requests, and a request's estimate there starts from it instead of the prior
+recent requests (each weighed by the rounds it examined there, so a request that only probed
+once moves it little), and a request's estimate there starts from it instead of the prior
 (counting as one observation, so the request's own rounds soon outweigh it; for a probing
 governor, as MEMORY_ROUNDS of them, pooled with the request's own: see there). A drafter known
 to be wrong then drafts nothing at the start of the next request (from the prior it drafted
@@ -176,8 +177,12 @@ SHADOW_MIN_RATE = 0.25
 # 1's estimate at zero.
 # (With an engine's acceptance memory a later request starts known-wrong: no drafted rounds.)
 ALWAYS_WRONG_BOUND = 16
-# Weight of the newest request's acceptance in the memory the next one starts from: about
-# the last two or three requests, so a mixed workload moves it without whipsawing.
+# Weight of the newest request's acceptance in the memory the next one starts from, for
+# requests that examined as many rounds: about the last two or three requests, so a mixed
+# workload moves it without whipsawing. Each request counts by the rounds it examined (the
+# memory's own rounds discounted by 1 - MEMORY_EMA a request), so one that examined a single
+# probe moves it by one round's worth: weighed as a whole request, a dear head's plain
+# requests (one missed probe each) halved the memory every request, 0.28 -> 0.01 in five.
 MEMORY_EMA = 0.5
 # A probing governor (a dear drafter: a trained head, a draft model) that starts from the
 # memory pools it with the request's own rounds at position 1: the memory counts as
@@ -862,6 +867,10 @@ class AcceptanceMemory:
     by_source: dict[Source, float] = field(default_factory=dict)  # sources other than None
     requests: int = 0
     schedule: Backoff | None = None  # the back-off the last request ended in (``Backoff``)
+    # The position-1 rounds behind ``first`` and each source's estimate, discounted by
+    # 1 - MEMORY_EMA a request (``_pooled``).
+    rounds: float = 0.0
+    source_rounds: dict[Source, float] = field(default_factory=dict)
 
     def start(self) -> dict[Source, list[float]]:
         """Per source the position-1 acceptance to start from; key None: the pooled one."""
@@ -876,18 +885,26 @@ class AcceptanceMemory:
         if not examined:
             return  # nothing examined: keep what earlier requests said
         hits = sum(e.first_hits for e in examined.values())
-        rate = hits / sum(e.observed[0] for e in examined.values())
+        rounds = sum(e.observed[0] for e in examined.values())
+        rate = hits / rounds
         if self.first is not None and rate > self.first:
             # Hits above what the memory expected: the drafter may have started to pay, so
             # the next request backs off afresh (from FIRST_BACKOFF's period): a workload that
             # turned from always wrong to right 90% of the time drafted again ~70 rounds sooner.
             self.schedule = None
-        self.first = _toward(self.first, rate)
+        self.first, self.rounds = _pooled(self.first, self.rounds, hits, rounds)
         for source, e in examined.items():
             if source is not None:  # a drafter without sources: the pooled estimate is its own
-                self.by_source[source] = _toward(self.by_source.get(source), e.first_hits / e.observed[0])
+                old, behind = self.by_source.get(source), self.source_rounds.get(source, 0.0)
+                self.by_source[source], self.source_rounds[source] = _pooled(old, behind, e.first_hits, e.observed[0])
         self.requests += 1
 
 
-def _toward(old: float | None, new: float) -> float:
-    return new if old is None else old + MEMORY_EMA * (new - old)
+def _pooled(old: float | None, behind: float, hits: float, rounds: float) -> tuple[float, float]:
+    """The memory's rate ``old`` (resting on ``behind`` rounds) pooled with a request's
+    ``hits`` in ``rounds``, the memory's rounds discounted by 1 - MEMORY_EMA: (the new rate,
+    the rounds it rests on). Requests of equal size move it by MEMORY_EMA of the gap."""
+    if old is None:
+        return hits / rounds, rounds
+    kept = (1.0 - MEMORY_EMA) * behind
+    return (kept * old + hits) / (kept + rounds), kept + rounds
