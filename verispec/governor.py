@@ -868,7 +868,8 @@ class AcceptanceMemory:
     requests: int = 0
     schedule: Backoff | None = None  # the back-off the last request ended in (``Backoff``)
     # The position-1 rounds behind ``first`` and each source's estimate, discounted by
-    # 1 - MEMORY_EMA a request (``_pooled``).
+    # 1 - MEMORY_EMA a request (``_pool_rate``); a rate given without them (0) is replaced by
+    # the next request's.
     rounds: float = 0.0
     source_rounds: dict[Source, float] = field(default_factory=dict)
 
@@ -892,18 +893,20 @@ class AcceptanceMemory:
             # the next request backs off afresh (from FIRST_BACKOFF's period): a workload that
             # turned from always wrong to right 90% of the time drafted again ~70 rounds sooner.
             self.schedule = None
-        self.first, self.rounds = _pooled(self.first, self.rounds, hits, rounds)
+        self.first, self.rounds = _pool_rate(self.first, self.rounds, hits, rounds)
         for source, e in examined.items():
             if source is not None:  # a drafter without sources: the pooled estimate is its own
                 old, behind = self.by_source.get(source), self.source_rounds.get(source, 0.0)
-                self.by_source[source], self.source_rounds[source] = _pooled(old, behind, e.first_hits, e.observed[0])
+                pooled = _pool_rate(old, behind, e.first_hits, e.observed[0])
+                self.by_source[source], self.source_rounds[source] = pooled
         self.requests += 1
 
 
-def _pooled(old: float | None, behind: float, hits: float, rounds: float) -> tuple[float, float]:
+def _pool_rate(old: float | None, behind: float, hits: float, rounds: float) -> tuple[float, float]:
     """The memory's rate ``old`` (resting on ``behind`` rounds) pooled with a request's
     ``hits`` in ``rounds``, the memory's rounds discounted by 1 - MEMORY_EMA: (the new rate,
-    the rounds it rests on). Requests of equal size move it by MEMORY_EMA of the gap."""
+    the rounds it rests on). After a few requests of equal size, each moves it by MEMORY_EMA
+    of the gap (the discounted rounds tend to twice a request's)."""
     if old is None:
         return hits / rounds, rounds
     kept = (1.0 - MEMORY_EMA) * behind
