@@ -528,6 +528,15 @@ class Governor:
         finally:
             self.current = current
 
+    def decided(self, source: Source, decision: Decision) -> Decision:
+        """A shadowing governor's decision for ``source`` that ``predicted`` gave (nothing has
+        changed since), counted as ``next_k`` counts its own: the planner of a routed drafter
+        has already weighed the proposal in hand and need not weigh it again."""
+        self.current = source
+        self.decisions += 1
+        self.plain_by_governor += int(decision.k == 0)
+        return decision
+
     def best(self, floor: float = MIN_GAIN) -> Decision:
         """The k with the most predicted tokens per unit time, by the theory; plain (k 0)
         where its predicted speed-up is below ``floor`` (beside a batch: ``batch_floor``)."""
@@ -660,12 +669,11 @@ class Governor:
 
     def next_k(self, source: Source = None) -> Decision:
         """k for the next round, whose proposal comes from ``source``."""
+        if self.shadow:  # fresh evidence every round: no back-off, no probes
+            self.current = source
+            return self.decided(source, self.best())
         self.current = source
         self.decisions += 1
-        if self.shadow:  # fresh evidence every round: no back-off, no probes
-            decision = self.best()
-            self.plain_by_governor += int(decision.k == 0)
-            return decision
         was_drafting, self.drafting = self.drafting, False
         if self.plain_left > 0:
             self.plain_left -= 1

@@ -143,8 +143,9 @@ class RequestPlanner:
         elif governor.shadow:
             # The drafter is pure and cheap: its proposal comes first, so the governor decides
             # knowing what it is based on (``Draft.source``).
+            weighed: Decision | None = None  # a routed proposal's decision, made in choosing it
             if ask == "decide" and routed(drafter):
-                offer = self._routed(governor, context, min(governor.k_max, room - 1), rng)
+                offer, weighed = self._routed(governor, context, min(governor.k_max, room - 1), rng)
             else:
                 offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
             self._proposed = True
@@ -161,6 +162,8 @@ class RequestPlanner:
                     choice = Decision(0, 1.0)
                 elif ask == "evidence":  # no k can pay at its estimate: nothing to decide
                     choice = governor.plain_for(offer.source)
+                elif weighed is not None:
+                    choice = governor.decided(offer.source, weighed)
                 else:
                     choice = governor.next_k(offer.source)
                 self.stats.observe_choice(choice.k, False, governed=bool(offer.tokens))
@@ -194,10 +197,13 @@ class RequestPlanner:
             self._shadow_misses += 1  # asked, and nothing to offer
         return plan
 
-    def _routed(self, governor: Governor, context: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
-        """A routed drafter's proposal for a governed round: the one its routing makes, or its
-        dear one where that was its cheap one and the governor would draft the dear one and
-        not the cheap one.
+    def _routed(
+        self, governor: Governor, context: Sequence[int], k: int, rng: np.random.Generator
+    ) -> tuple[Draft, Decision | None]:
+        """A routed drafter's proposal for a governed round, and the governor's decision for it
+        where weighing it already made one (``Governor.predicted``; None: not weighed): the one
+        its routing makes, or its dear one where that was its cheap one and the governor would
+        draft the dear one and not the cheap one.
 
         The hybrid routes by what a proposal is based on (a strong suffix match); the governor
         knows how often each source was right in this request. A cheap proposal it would not
@@ -211,15 +217,19 @@ class RequestPlanner:
         drafter: Any = self.drafter
         offer: Draft = drafter.propose(context, k, rng)
         dear = drafter.fallback_source
-        if not offer.tokens or offer.source == dear or governor.predicted(offer.source).k > 0:
-            return offer
-        if governor.predicted(dear).k == 0:
-            return offer
+        if not offer.tokens or offer.source == dear:
+            return offer, None
+        kept = governor.predicted(offer.source)
+        if kept.k > 0:
+            return offer, kept
+        instead = governor.predicted(dear)
+        if instead.k == 0:
+            return offer, kept
         other: Draft = drafter.propose_fallback(context, k, rng)
         if not other.tokens:
-            return offer
+            return offer, kept
         self._set_aside = prefix(offer, 1)
-        return other
+        return other, instead
 
     def _plain_by_load(self, governor: Governor) -> Plan:
         governor.plain_by_governor += 1
