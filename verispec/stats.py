@@ -26,6 +26,9 @@ class RequestStats:
     bonus: int = 0
     offered_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
+    # Rounds whose chain reached position i: it drafted i and kept every draft before it (the
+    # denominator of the acceptance at i *given* i was reached, as the held-out score counts).
+    reached_by_position: list[int] = field(default_factory=list)
     k_histogram: dict[int, int] = field(default_factory=dict)
     plain_rounds: int = 0
     draft_seconds: float = 0.0
@@ -96,9 +99,11 @@ class RequestStats:
         while len(self.offered_by_position) < offered:
             self.offered_by_position.append(0)
             self.accepted_by_position.append(0)
+            self.reached_by_position.append(0)
         for i in range(offered):
             self.offered_by_position[i] += 1
             self.accepted_by_position[i] += int(i < accepted)
+            self.reached_by_position[i] += int(i <= accepted)
         if offered == 0:
             self.plain_rounds += 1
             self.plain_seconds += draft_seconds + verify_seconds
@@ -110,7 +115,7 @@ class RequestStats:
         one request (``reference_step_seconds``, ``governor_start_acceptance``) stay these."""
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("offered_by_position", "accepted_by_position"):
+        for name in ("offered_by_position", "accepted_by_position", "reached_by_position"):
             mine, theirs = getattr(self, name), getattr(other, name)
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
@@ -139,7 +144,7 @@ class RequestStats:
             value = record[f.name]
             if f.name in ("k_histogram", "k_chosen_histogram"):
                 value = {int(k): int(n) for k, n in value.items()}
-            elif f.name in ("offered_by_position", "accepted_by_position"):
+            elif f.name in ("offered_by_position", "accepted_by_position", "reached_by_position"):
                 value = [int(n) for n in value]
             values[f.name] = value
         return cls(**values)
@@ -167,6 +172,16 @@ class RequestStats:
     @property
     def per_position_acceptance(self) -> list[float]:
         return rounds.per_position_acceptance(self.accepted_by_position, self.offered_by_position)
+
+    @property
+    def acceptance_given_reached(self) -> list[float]:
+        """The acceptance at each draft position among the rounds whose chain reached it (the
+        held-out score's per-position figures); empty for records written before it was
+        counted. With mixed k it is not the ratio of consecutive ``per_position_acceptance``
+        values: a round that drafted fewer positions counts at i - 1 and never at i."""
+        if len(self.reached_by_position) != len(self.accepted_by_position):
+            return []
+        return rounds.per_position_acceptance(self.accepted_by_position, self.reached_by_position)
 
     @property
     def decode_seconds(self) -> float:
@@ -241,8 +256,10 @@ class RequestStats:
             "tokens_per_round": self.tokens_per_round,
             "ideal_tokens_per_round": self.ideal_tokens_per_round,
             "per_position_acceptance": self.per_position_acceptance,
+            "acceptance_given_reached": self.acceptance_given_reached,
             "offered_by_position": list(self.offered_by_position),
             "accepted_by_position": list(self.accepted_by_position),
+            "reached_by_position": list(self.reached_by_position),
             "bonus_shortfall": self.bonus_shortfall,
             "k_histogram": {str(k): n for k, n in sorted(self.k_histogram.items())},
             "plain_rounds": self.plain_rounds,

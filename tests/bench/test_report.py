@@ -8,8 +8,11 @@ from verispec.bench.report import OVERALL, summarise
 RATIO_TOL = 5e-4  # known answers are stated to 3 decimals
 
 
-def stats(rounds, offered, accepted, bonus, k_hist, acc_pos, off_pos, seconds, plain_rounds=0, plain_seconds=0.0):
-    return {
+def stats(
+    rounds, offered, accepted, bonus, k_hist, acc_pos, off_pos, seconds, plain_rounds=0, plain_seconds=0.0, reached=None
+):
+    extra = {} if reached is None else {"reached_by_position": reached}
+    return extra | {
         "rounds": rounds,
         "offered": offered,
         "accepted": accepted,
@@ -55,7 +58,7 @@ def records():
             80,
             0.4,
             [1] * 80,
-            stats(27, 108, 54, 26, {4: 27}, [20, 14, 11, 9], [27, 27, 27, 27], 0.4),
+            stats(27, 108, 54, 26, {4: 27}, [20, 14, 11, 9], [27, 27, 27, 27], 0.4, reached=[27, 20, 14, 11]),
         ),
         record(
             "lookup:k=4",
@@ -64,7 +67,7 @@ def records():
             80,
             0.5,
             [1] * 79 + [2],
-            stats(27, 108, 54, 26, {4: 27}, [21, 14, 10, 9], [27, 27, 27, 27], 0.5),
+            stats(27, 108, 54, 26, {4: 27}, [21, 14, 10, 9], [27, 27, 27, 27], 0.5, reached=[27, 21, 14, 10]),
         ),
     ]
     return base + look
@@ -77,6 +80,9 @@ def test_known_answers(records):
     assert row.acceptance_rate == 0.5
     assert row.bonus_shortfall == 2
     assert row.per_position == pytest.approx([41 / 54, 28 / 54, 21 / 54, 18 / 54])
+    # Given reached: a position is reached by the rounds that kept the one before it.
+    assert row.given_reached == pytest.approx([41 / 54, 28 / 41, 21 / 28, 18 / 21])
+    assert rows[("summarization", "none")].given_reached == []  # nothing drafted
     assert row.tokens_per_second == pytest.approx(160 / 0.9)
     # Per-prompt ratios 200/100 and 160/100: geometric mean sqrt(3.2).
     assert row.speedup == pytest.approx(3.2**0.5)

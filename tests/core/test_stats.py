@@ -20,6 +20,10 @@ def test_observe_counts_and_derives():
     assert stats.offered_by_position == [3, 3, 2, 2]
     assert stats.accepted_by_position == [3, 2, 1, 1]
     assert stats.per_position_acceptance == [1.0, 2 / 3, 0.5, 0.5]
+    # Given reached: position 3 was reached by the first round only (the second broke at 2,
+    # the third drafted 2), which kept it: 1.0, not the 0.75 of consecutive per-position values.
+    assert stats.reached_by_position == [3, 3, 1, 1]
+    assert stats.acceptance_given_reached == [1.0, 2 / 3, 1.0, 1.0]
     assert stats.k_histogram == {4: 2, 2: 1}
     assert stats.cost_steps is None  # no plain step time known yet
     assert stats.tokens_per_second == pytest.approx(9 / 0.15)
@@ -131,3 +135,11 @@ def test_tree_rounds_are_counted_round_trip_and_add_up():
     assert RequestStats.from_dict(stats.as_dict()) == stats
     total = RequestStats.total([stats, stats])
     assert (total.tree_rounds, total.tree_nodes) == (4, 22)
+
+
+def test_records_written_before_reached_was_counted_give_no_acceptance_given_reached():
+    first, _ = _two_requests()
+    older = {key: value for key, value in first.as_dict().items() if key != "reached_by_position"}
+    stats = RequestStats.from_dict(older)
+    assert stats.per_position_acceptance == first.per_position_acceptance
+    assert first.acceptance_given_reached and stats.acceptance_given_reached == []

@@ -14,6 +14,7 @@ SPECULATIVE_KEYS = {
     "acceptance_rate",
     "tokens_per_round",
     "per_position_acceptance",
+    "acceptance_given_reached",
     "bonus_shortfall",
 }
 
@@ -189,7 +190,11 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
             if name == "verispec_governor_k_chosen_total"
         }
 
+    def by_position(samples, name):
+        return {labels[0][1]: value for (metric, labels), value in samples.items() if metric == name}
+
     shadows = ("verispec_governor_shadow_drafts_total", ())
+    reached = "verispec_reached_by_position_total"
     before_samples = server.metrics()
     before = chosen(before_samples)
     response = client.completions.create(
@@ -212,3 +217,7 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
     # Prompt lookup shadows its plain rounds: as many as the usage block says, in /metrics too.
     assert 0 <= block["governor_shadow_drafts"] <= block["governor_plain_rounds"]
     assert after_samples[shadows] - before_samples[shadows] == block["governor_shadow_drafts"]
+    # The rounds that reached each position, in the block and in /metrics alike.
+    was, now = by_position(before_samples, reached), by_position(after_samples, reached)
+    counted = [now.get(str(i + 1), 0.0) - was.get(str(i + 1), 0.0) for i in range(len(block["reached_by_position"]))]
+    assert counted == block["reached_by_position"] and sum(counted) > 0

@@ -45,9 +45,11 @@ def _acceptance(rows: list[Row], path: Path, title: str) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
-        if row.category == OVERALL and row.per_position:
-            positions = range(1, len(row.per_position) + 1)
-            ax.plot(positions, row.per_position, marker="o", label=row.config)
+        # The acceptance given the position was reached (where the records count it), as the
+        # axis says; per-position (accepted / offered) falls with every chance before it.
+        if row.category == OVERALL and row.given_reached:
+            positions = range(1, len(row.given_reached) + 1)
+            ax.plot(positions, row.given_reached, marker="o", label=row.config)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance given the position was reached")
     ax.set_ylim(0, 1.02)

@@ -17,7 +17,9 @@ Per category (and overall) and configuration:
   runtimes). Speculation changes only the decoding: where prompts are long against the
   answers, the speed-up over the whole request is this one diluted by the prefill;
 - tokens per round, acceptance rate, per-position acceptance, bonus shortfall: from the
-  summed round counts;
+  summed round counts; "given reached": the acceptance at each position among the rounds
+  whose chain reached it (the held-out score's figures), where per-position (design.md's)
+  counts every round that drafted the position, so it falls with the chances before it;
 - cost steps: mean time of a drafted round over the own plain run's mean step time;
 - pays: tokens per drafted round > cost steps;
 - predicted speed-up: the theory (rounds.predicted_speedup_for_rounds) fed with the measured
@@ -53,6 +55,7 @@ class Row:
     tokens_per_round: float | None = None
     acceptance_rate: float | None = None
     per_position: list[float] = field(default_factory=list)
+    given_reached: list[float] = field(default_factory=list)
     bonus_shortfall: int | None = None
     cost_steps: float | None = None
     pays: bool | None = None
@@ -69,6 +72,7 @@ def _round_fields(row: Row, runs: list[dict[str, Any]], baseline: list[dict[str,
     row.tokens_per_round = total.tokens_per_round
     row.acceptance_rate = total.acceptance_rate
     row.per_position = total.per_position_acceptance
+    row.given_reached = total.acceptance_given_reached
     row.bonus_shortfall = total.bonus_shortfall
     # The unit of cost: the own plain run's step on the same prompts.
     step = RequestStats.total(RequestStats.from_dict(r["stats"]) for r in baseline if r.get("stats")).plain_step_seconds
@@ -202,6 +206,7 @@ COLUMNS = (
     Column("tok/round", lambda row: _fmt(row.tokens_per_round)),
     Column("accept", lambda row: _fmt(row.acceptance_rate, "{:.0%}")),
     Column("per-position", lambda row: " ".join(f"{a:.2f}" for a in row.per_position[:8]) or "-", left=True),
+    Column("given reached", lambda row: " ".join(f"{a:.2f}" for a in row.given_reached[:8]) or "-", left=True),
     Column("shortfall", lambda row: _fmt(row.bonus_shortfall, "{}")),
     Column("cost steps", lambda row: _fmt(row.cost_steps)),
     Column("pays", lambda row: _fmt(row.pays)),

@@ -86,6 +86,13 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.reached_by_position = Counter(
+            "verispec_reached_by_position",
+            "rounds whose chain reached each draft position (drafted it, kept every draft before it): "
+            "accepted / reached is the acceptance there given it was reached",
+            ["position"],
+            registry=r,
+        )
         self.k_chosen = Counter(
             "verispec_governor_k_chosen",
             "rounds by the k the governor chose for them (0 = a plain step; --k auto only)",
@@ -161,11 +168,12 @@ class Metrics:
         self.offered.inc(stats.offered)
         self.accepted.inc(stats.accepted)
         self.bonus.inc(stats.bonus)
-        for i, (offered, accepted) in enumerate(
-            zip(stats.offered_by_position, stats.accepted_by_position, strict=True)
+        for i, (offered, accepted, reached) in enumerate(
+            zip(stats.offered_by_position, stats.accepted_by_position, stats.reached_by_position, strict=True)
         ):
             self.offered_by_position.labels(position=str(i + 1)).inc(offered)
             self.accepted_by_position.labels(position=str(i + 1)).inc(accepted)
+            self.reached_by_position.labels(position=str(i + 1)).inc(reached)
         for k, count in stats.k_chosen_histogram.items():
             self.k_chosen.labels(k=str(k)).inc(count)
         self.governor_probes.inc(stats.governor_probes)
