@@ -300,3 +300,23 @@ def test_same_uniforms_same_tokens():
     drafts = np.array([int(rng.choice(50, p=row)) for row in q])
     u = rng.random(9)
     assert accept_chain(p, drafts, q, u) == accept_chain(p.copy(), drafts.copy(), q.copy(), u.copy())
+
+
+def test_long_rows_running_sums_are_numpys_bit_for_bit():
+    # Long rows take torch's scan where torch is loaded (``_running_sums``): the same
+    # left-to-right float64 sums as NumPy's cumsum, so every draw is the one it gave.
+    import torch  # noqa: F401  (loaded, as in the engine's processes)
+
+    from verispec.accept import TORCH_SCAN_FROM, _running_sums
+
+    rng = np.random.default_rng(3)
+    for size in (TORCH_SCAN_FROM, 8192, 49152):
+        weights = np.exp(rng.standard_normal(size) * 4)
+        weights /= weights.sum()
+        np.testing.assert_array_equal(_running_sums(weights), np.cumsum(weights))
+        frozen = weights.copy()
+        frozen.flags.writeable = False  # copied, not handed to torch (which warns on these)
+        np.testing.assert_array_equal(_running_sums(frozen), np.cumsum(weights))
+        np.testing.assert_array_equal(_running_sums(weights[::2]), np.cumsum(weights[::2]))  # a strided view
+        for u in rng.random(200):
+            assert sample_index(weights, float(u)) == dense_draw(weights, float(u))

@@ -284,3 +284,49 @@ def test_rows_on_demand_check_the_logits_at_once():
         final_rows(logits, SamplingParams(), [], [], [0, 1])
     with pytest.raises(SamplingError, match="draft tokens"):
         final_rows(np.zeros((3, 3)), SamplingParams(), [], [], [1])
+
+
+def _reference_filtered_softmax(row, params):
+    """The filtered softmax as written before its steps ran in place (fresh arrays)."""
+    row = np.asarray(row, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        scaled = (row - row.max()) / params.temperature
+    probs = np.exp(scaled)
+    vocab = probs.shape[0]
+    if 0 < params.top_k < vocab:
+        kth = np.partition(scaled, vocab - params.top_k)[vocab - params.top_k]
+        probs[scaled < kth] = 0.0
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        ahead = np.cumsum(probs[order]) - probs[order]
+        keep = order[ahead < params.top_p * probs.sum()]
+        kept = probs[keep]
+        probs[:] = 0.0
+        probs[keep] = kept
+    if params.min_p > 0.0:
+        probs[probs < params.min_p * probs.max()] = 0.0
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=50),
+        SamplingParams(temperature=0.9, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.05),
+        SamplingParams(temperature=1e-6),
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_in_place_softmax_gives_the_fresh_arrays_values_and_leaves_the_logits(params, dtype):
+    # Steps in place on one fresh array give the very floats of the same steps on fresh
+    # arrays (bit for bit), and the logits handed in (float64 ones are not copied first) stay.
+    logits = (np.random.default_rng(5).standard_normal((3, 4096)) * 4).astype(dtype)
+    logits[0, :7] = -np.inf
+    before = logits.copy()
+    got = final_distributions(logits, params, [], [], [1, 2])
+    want = np.stack([_reference_filtered_softmax(row, params) for row in logits])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(logits, before)
