@@ -262,7 +262,8 @@ def residual(p: Row, x: int, q: Row | None) -> Row:
         rest = p.copy()
         rest[x] = 0.0  # max(0, p - onehot(x))
     else:
-        rest = np.maximum(p - q, 0.0)
+        rest = np.subtract(p, q)
+        np.maximum(rest, 0.0, out=rest)  # in place: one fresh V-row, not two
     return rest if rest.sum() > RESIDUAL_FLOOR else p
 
 

@@ -236,3 +236,25 @@ def test_decode_speedup_only_where_both_runs_report_their_prefill(records):
     records[0]["stats"]["prefill_seconds"] = 0.2  # one side of one pair only
     row = next(r for r in summarise(records, "none", greedy=True) if r.config == "lookup:k=4")
     assert row.decode_speedup_own is None
+
+
+def test_sampled_speed_ups_read_only_the_runs_whose_answers_have_the_same_length():
+    # T > 0: the second prompt's drafted run sampled an answer of 5 tokens where plain's ran
+    # to 80; its tok/s is mostly prefill (a ratio of 0.1 here) and says nothing of decoding.
+    # The speed-up reads the pair of equal lengths alone and says how many pairs it read.
+    plain = [
+        record("none", i, "qa", 80, 0.8, [1] * 80, stats(80, 0, 0, 80, {0: 80}, [], [], 0.8, 80, 0.8)) for i in range(2)
+    ]
+    drafted = [
+        record("head:k=1", 0, "qa", 80, 0.4, [2] * 80, stats(40, 40, 40, 40, {1: 40}, [40], [40], 0.4)),
+        record("head:k=1", 1, "qa", 5, 0.5, [2] * 5, stats(4, 4, 1, 4, {1: 4}, [1], [4], 0.5)),
+    ]
+    rows = {(r.category, r.config): r for r in summarise(plain + drafted, "none", greedy=False)}
+    row = rows[("qa", "head:k=1")]
+    assert row.speedup == pytest.approx(2.0) and row.speedup_own == pytest.approx(2.0)
+    assert row.paired == 1 and row.prompts == 2
+    assert row.identical is None
+    # Greedy answers have one length (identity): every pair is read, and none is left out.
+    greedy = {(r.category, r.config): r for r in summarise(plain + drafted, "none", greedy=True)}
+    assert greedy[("qa", "head:k=1")].speedup == pytest.approx((2.0 * (10 / 100)) ** 0.5)
+    assert greedy[("qa", "head:k=1")].paired is None

@@ -7,7 +7,13 @@ Per category (and overall) and configuration:
 - prefill tok/s: prompt tokens over prefill seconds (verispec configurations; peers do not
   report their prefill apart);
 - speed-up: geometric mean over runs of tok/s relative to the baseline's run of the same
-  prompt in the same pass (verispec's plain decoding, ``none``, unless another is chosen);
+  prompt in the same pass (verispec's plain decoding, ``none``, unless another is chosen).
+  Sampled runs (T > 0) draw different answers of different lengths (the same law, other
+  draws), and a run whose answer ends after a few tokens is mostly prefill: one such run
+  gave a ratio of 0.08. So at T > 0 every speed-up is over the pairs of runs whose answers
+  have the same length ("paired": how many; mostly both reached --max-tokens). Which pairs
+  those are depends on the answers alone, which every configuration samples from the same
+  law, so the choice favours none;
 - own plain: the plain decoding of the configuration's own runtime (``configs.own_plain``:
   ``none:backend=llama.cpp`` for ``lookup:backend=llama.cpp``, ``llama.cpp`` for
   ``llama.cpp-lookup``), and the speed-up over it (``vs own``). Cost steps, efficiency and
@@ -61,6 +67,8 @@ class Row:
     pays: bool | None = None
     predicted_speedup: float | None = None
     efficiency: float | None = None
+    # Sampled runs: the pairs of equal-length answers the speed-ups read (None: greedy, all).
+    paired: int | None = None
     peak_rss_mb: float = 0.0
     prefill_tokens_per_second: float | None = None
 
@@ -154,20 +162,26 @@ def summarise(
             own = by_config[own_label]
             pairs = [(r, base[run_key(r)]) for r in runs if run_key(r) in base]
             own_pairs = [(r, own[run_key(r)]) for r in runs if run_key(r) in own]
+            # Sampled: speed read on answers of equal length only (see the module docstring).
+            timed, own_timed = pairs, own_pairs
+            if not greedy:
+                timed = [(r, b) for r, b in pairs if r["tokens"] == b["tokens"]]
+                own_timed = [(r, b) for r, b in own_pairs if r["tokens"] == b["tokens"]]
             row = Row(
                 category=category,
                 config=config,
                 prompts=len(runs),
                 tokens_per_second=sum(r["tokens"] for r in runs) / (sum(r["seconds"] for r in runs) or math.inf),
-                speedup=_geometric_mean_ratio(pairs),
+                speedup=_geometric_mean_ratio(timed),
                 identical=(
                     sum(r["token_ids"] == b["token_ids"] for r, b in own_pairs) / len(own_pairs)
                     if greedy and own_pairs
                     else None
                 ),
                 own_plain=own_label,
-                speedup_own=_geometric_mean_ratio(own_pairs),
-                decode_speedup_own=_decode_ratio(own_pairs),
+                speedup_own=_geometric_mean_ratio(own_timed),
+                decode_speedup_own=_decode_ratio(own_timed),
+                paired=None if greedy else len(own_timed),
             )
             row.peak_rss_mb = max(r["peak_rss_mb"] for r in runs)
             if all(r.get("stats") for r in runs):
@@ -200,6 +214,7 @@ COLUMNS = (
     Column("tok/s", lambda row: f"{row.tokens_per_second:.1f}"),
     Column("prefill tok/s", lambda row: _fmt(row.prefill_tokens_per_second, "{:.0f}")),
     Column("speed-up", lambda row: _fmt(row.speedup, "{:.2f}x")),
+    Column("paired", lambda row: _fmt(row.paired, "{}")),
     Column("own plain", lambda row: row.own_plain, left=True),
     Column("vs own", lambda row: _fmt(row.speedup_own, "{:.2f}x")),
     Column("decode vs own", lambda row: _fmt(row.decode_speedup_own, "{:.2f}x")),
