@@ -67,7 +67,9 @@ class Row:
     pays: bool | None = None
     predicted_speedup: float | None = None
     efficiency: float | None = None
-    # Sampled runs: the pairs of equal-length answers the speed-ups read (None: greedy, all).
+    # Sampled runs: the pairs (this configuration's run, its own plain run's) of equal-length
+    # answers that vs own and decode vs own read; speed-up reads the same pairs with the
+    # baseline's runs, the same ones where the baseline is its own plain (None: greedy, all).
     paired: int | None = None
     peak_rss_mb: float = 0.0
     prefill_tokens_per_second: float | None = None
