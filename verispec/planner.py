@@ -92,6 +92,7 @@ class RequestPlanner:
         self.stats = stats
         self.fixed_k = fixed_k
         self.governor = governor
+        self._routes = routed(drafter)  # decided once: the drafter is the request's for its whole life
         self._shadow = NO_DRAFT  # the last plan's shadow draft
         # A routed drafter's cheap proposal set aside for its dear one (``_routed``): its first
         # token is scored as a shadow for its own source, whatever the round does.
@@ -144,7 +145,7 @@ class RequestPlanner:
             # The drafter is pure and cheap: its proposal comes first, so the governor decides
             # knowing what it is based on (``Draft.source``).
             weighed: Decision | None = None  # a routed proposal's decision, made in choosing it
-            if ask == "decide" and routed(drafter):
+            if ask == "decide" and self._routes:
                 offer, weighed = self._routed(governor, context, min(governor.k_max, room - 1), rng)
             else:
                 offer = drafter.propose(context, min(governor.k_max, room - 1), rng)
@@ -267,7 +268,7 @@ class RequestPlanner:
         proposal is its cheap one (``routed``), else as the credit allows."""
         if not self._after_plain or self._shadow_misses < SHADOW_FREE_MISSES:
             return True
-        if routed(self.drafter) and self.drafter.cheap_next(context, k):  # type: ignore[attr-defined]
+        if self._routes and self.drafter.cheap_next(context, k):  # type: ignore[attr-defined]
             return True
         # Chosen at the request's start, shadows go on at least every 1 / SHADOW_MIN_RATE plain
         # rounds: a shadowing governor has no probes, only its shadows can turn drafting on.
