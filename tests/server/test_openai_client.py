@@ -190,11 +190,7 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
             if name == "verispec_governor_k_chosen_total"
         }
 
-    def by_position(samples, name):
-        return {labels[0][1]: value for (metric, labels), value in samples.items() if metric == name}
-
     shadows = ("verispec_governor_shadow_drafts_total", ())
-    reached = "verispec_reached_by_position_total"
     before_samples = server.metrics()
     before = chosen(before_samples)
     response = client.completions.create(
@@ -217,7 +213,27 @@ def test_governor_decisions_in_usage_and_metrics(client, server):
     # Prompt lookup shadows its plain rounds: as many as the usage block says, in /metrics too.
     assert 0 <= block["governor_shadow_drafts"] <= block["governor_plain_rounds"]
     assert after_samples[shadows] - before_samples[shadows] == block["governor_shadow_drafts"]
-    # The rounds that reached each position, in the block and in /metrics alike.
-    was, now = by_position(before_samples, reached), by_position(after_samples, reached)
+
+
+def test_rounds_that_reached_each_position_in_usage_and_metrics(client, server):
+    """The rounds whose chain reached each draft position: in the usage block and counted in
+    /metrics alike. A fixed k, so the request drafts whatever the engine's history (under
+    --k auto a request may decode plainly throughout)."""
+
+    def reached(samples):
+        name = "verispec_reached_by_position_total"
+        return {labels[0][1]: value for (metric, labels), value in samples.items() if metric == name}
+
+    was = reached(server.metrics())
+    response = client.completions.create(
+        model=server.model,
+        prompt="one two three one two three one two three",
+        max_tokens=24,
+        temperature=0,
+        extra_body={"speculative": {"drafter": "lookup", "k": 3}},
+    )
+    block = speculative_block(response.usage)
+    now = reached(server.metrics())
     counted = [now.get(str(i + 1), 0.0) - was.get(str(i + 1), 0.0) for i in range(len(block["reached_by_position"]))]
     assert counted == block["reached_by_position"] and sum(counted) > 0
+    assert block["reached_by_position"][0] == block["offered_by_position"][0]  # every drafted round reaches 1
