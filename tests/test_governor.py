@@ -15,7 +15,7 @@ from verispec.governor import (
     COST_EMA,
     FIRST_BACKOFF,
     FIRST_PROBE_BUDGET,
-    MEMORY_EMA,
+    MEMORY_HALF_LIFE,
     MEMORY_ROUNDS,
     PROBE_BUDGET,
     PROBE_K,
@@ -288,8 +288,9 @@ def test_acceptance_memory_learns_position_one_of_finished_requests():
     second = Governor(8, costs(), start=memory.start())
     second.observe(1, 1, 0.0, 1.0)
     memory.learn(second)
-    # Pooled by rounds examined, the memory's 3 rounds discounted by 1 - MEMORY_EMA.
-    kept = (1 - MEMORY_EMA) * 3
+    # Pooled by rounds examined, the memory's 3 rounds discounted by half per MEMORY_HALF_LIFE
+    # rounds examined since (one here); 1 hit against 0.42 is no shift at 3 standard errors.
+    kept = 3 * 0.5 ** (1 / MEMORY_HALF_LIFE)
     assert memory.first == pytest.approx((kept * 1.25 / 3 + 1.0) / (kept + 1))
     assert memory.requests == 2 and memory.rounds == pytest.approx(kept + 1)
 
@@ -302,26 +303,48 @@ def _request_with(hits: int, misses: int) -> Governor:
 
 
 def test_acceptance_memory_weighs_a_request_by_the_rounds_it_examined():
-    # Requests of equal size move the memory by MEMORY_EMA of the gap, as a moving average of
-    # requests would. One that examined a single round (a dear drafter's plain request with
-    # one missed probe) moves it by one round's worth, not by half: weighed as a whole request,
-    # such requests halved a head's memory each time, and it stopped drafting for good.
+    # Each round examined counts once; the memory's rounds lose half their weight per
+    # MEMORY_HALF_LIFE rounds examined after them, so it rests on at most ~1.44 half-lives.
     equal = AcceptanceMemory()
-    for _ in range(8):
+    for _ in range(30):
         equal.learn(_request_with(45, 55))
-    equal.learn(_request_with(80, 20))
-    assert equal.first == pytest.approx(0.45 + MEMORY_EMA * (0.80 - 0.45), abs=0.005)
+    assert equal.first == pytest.approx(0.45)
+    assert equal.rounds == pytest.approx(100 / (1 - 0.5 ** (100 / MEMORY_HALF_LIFE)), rel=1e-3)
+    # A request that examined a single probe (a dear drafter's plain request) moves it by one
+    # round's worth. Discounted by half a request instead, fifteen lone misses took a memory
+    # of 0.45 below 0.01, from where no probe could make drafting pay again.
     memory = AcceptanceMemory()
     memory.learn(_request_with(45, 55))
     memory.learn(_request_with(0, 1))
-    assert memory.first == pytest.approx((1 - MEMORY_EMA) * 45 / ((1 - MEMORY_EMA) * 100 + 1))
-    for _ in range(2):
+    kept = 100 * 0.5 ** (1 / MEMORY_HALF_LIFE)
+    assert memory.first == pytest.approx(kept * 0.45 / (kept + 1))
+    for _ in range(14):
         memory.learn(_request_with(0, 1))
-    assert memory.first > 0.39  # three lone misses after 100 rounds at 0.45 (as requests: 0.056)
-    # Thin evidence still tells in the end: a run of such requests forgets the old rounds.
-    for _ in range(12):
+    assert 0.38 < memory.first < 0.45
+    # Thin evidence still tells in the end: misses go on moving it down, round by round.
+    for _ in range(200):
         memory.learn(_request_with(0, 1))
-    assert memory.first < 0.01
+    assert memory.first < 0.15
+
+
+def test_acceptance_memory_follows_a_workload_that_changes_within_a_request():
+    # Known wrong over 300 rounds, then a request whose probes hit 2 times in 3: 0.67 against
+    # 0.05 is 5 standard errors of 3 rounds (MEMORY_SHIFT 3), so the memory weighs no more than
+    # the request: 0.36, where the round-by-round discount alone would have left it at 0.06.
+    memory = AcceptanceMemory()
+    for _ in range(3):
+        memory.learn(_request_with(5, 95))
+    assert memory.first == pytest.approx(0.05)
+    memory.learn(_request_with(2, 1))
+    assert memory.first == pytest.approx((3 * 0.05 + 2) / 6)
+    # The same request against a memory of 0.45 is no shift (0.67 is under one standard error).
+    steady = AcceptanceMemory()
+    for _ in range(3):
+        steady.learn(_request_with(45, 55))
+    behind = steady.rounds
+    steady.learn(_request_with(2, 1))
+    kept = behind * 0.5 ** (3 / MEMORY_HALF_LIFE)
+    assert steady.first == pytest.approx((kept * 0.45 + 2) / (kept + 3))
 
 
 def test_acceptance_memory_keeps_each_source_and_starts_new_ones_from_the_pool():

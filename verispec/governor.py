@@ -177,13 +177,23 @@ SHADOW_MIN_RATE = 0.25
 # 1's estimate at zero.
 # (With an engine's acceptance memory a later request starts known-wrong: no drafted rounds.)
 ALWAYS_WRONG_BOUND = 16
-# Weight of the newest request's acceptance in the memory the next one starts from, for
-# requests that examined as many rounds: about the last two or three requests, so a mixed
-# workload moves it without whipsawing. Each request counts by the rounds it examined (the
-# memory's own rounds discounted by 1 - MEMORY_EMA a request), so one that examined a single
-# probe moves it by one round's worth: weighed as a whole request, a dear head's plain
-# requests (one missed probe each) halved the memory every request, 0.28 -> 0.01 in five.
-MEMORY_EMA = 0.5
+# How fast the memory the next request starts from forgets: each round a request examined at
+# position 1 counts once, and the rounds behind the memory lose half their weight for every
+# MEMORY_HALF_LIFE rounds examined after them, so it rests on ~1.44 MEMORY_HALF_LIFE rounds at
+# most, and one lone probe moves it by one round's worth of those. The discount was per
+# request before (by half, whatever the request examined): a dear head's plain requests, one
+# probe each, then left the memory resting on a few lone probes, and a run of missed ones drove
+# it from 0.32 to 0.01 in ten simulated requests that were each right 0.37-0.62 of the time,
+# from where no probe could make drafting pay again. A workload that changes is still followed
+# within a request: one whose rate is more than MEMORY_SHIFT standard errors from the memory's
+# (a binomial test on its rounds; 2 hits in 3 probes against a memory of 0.05) weighs at least
+# as much as the memory (``_pool_rate``). `benchmarks/governor_sim.py --learn`, a head's costs
+# (k 1 at 1.31 steps), acceptance drawn per request from the bench's 13 categories (0.31-0.62
+# at position 1): auto 1.048x -> 1.058x of plain (fixed k 1: 1.085x); a drafter at 0.40 every
+# request 1.012x -> 1.024x (1.064x); always-wrong and mixed wrong/right workloads unchanged.
+MEMORY_HALF_LIFE = 200.0
+MEMORY_SHIFT = 3.0
+SHIFT_FLOOR = 0.02  # the memory's rate as the test reads it: never quite 0 or 1
 # A probing governor (a dear drafter: a trained head, a draft model) that starts from the
 # memory pools it with the request's own rounds at position 1: the memory counts as
 # MEMORY_ROUNDS of them, and each older round of the request weighs REQUEST_FORGET times the
@@ -875,9 +885,9 @@ class AcceptanceMemory:
     by_source: dict[Source, float] = field(default_factory=dict)  # sources other than None
     requests: int = 0
     schedule: Backoff | None = None  # the back-off the last request ended in (``Backoff``)
-    # The position-1 rounds behind ``first`` and each source's estimate, discounted by
-    # 1 - MEMORY_EMA a request (``_pool_rate``); a rate given without them (0) is replaced by
-    # the next request's.
+    # The position-1 rounds behind ``first`` and each source's estimate, discounted by half per
+    # MEMORY_HALF_LIFE rounds examined since (``_pool_rate``); a rate given without them (0) is
+    # replaced by the next request's.
     rounds: float = 0.0
     source_rounds: dict[Source, float] = field(default_factory=dict)
 
@@ -912,10 +922,15 @@ class AcceptanceMemory:
 
 def _pool_rate(old: float | None, behind: float, hits: float, rounds: float) -> tuple[float, float]:
     """The memory's rate ``old`` (resting on ``behind`` rounds) pooled with a request's
-    ``hits`` in ``rounds``, the memory's rounds discounted by 1 - MEMORY_EMA: (the new rate,
-    the rounds it rests on). After a few requests of equal size, each moves it by MEMORY_EMA
-    of the gap (the discounted rounds tend to twice a request's)."""
+    ``hits`` in ``rounds``, the memory's rounds discounted by half per MEMORY_HALF_LIFE rounds
+    examined since: (the new rate, the rounds it rests on). The memory rests on at most ~1.44
+    MEMORY_HALF_LIFE rounds, however thin the requests. A request whose rate is more than
+    MEMORY_SHIFT standard errors from the memory's (a binomial test on its rounds) says the
+    workload changed: the memory's rounds then weigh at most as much as the request's."""
     if old is None:
         return hits / rounds, rounds
-    kept = (1.0 - MEMORY_EMA) * behind
+    kept = behind * 0.5 ** (rounds / MEMORY_HALF_LIFE)
+    p = min(max(old, SHIFT_FLOOR), 1.0 - SHIFT_FLOOR)
+    if abs(hits / rounds - old) > MEMORY_SHIFT * math.sqrt(p * (1.0 - p) / rounds):
+        kept = min(kept, rounds)
     return (kept * old + hits) / (kept + rounds), kept + rounds
