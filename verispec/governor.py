@@ -85,15 +85,16 @@ keep the calibrated costs, priced a head's round at 1.30 plain steps against the
 paid drafting now and then, and ran `--k auto` at 0.82-0.89x of plain.
 
 Acceptance: ``AcceptanceMemory`` keeps, per drafter, the acceptance at draft position 1 of
-recent requests (each weighed by the rounds it examined there, so a request that only probed
-once moves it little), and a request's estimate there starts from it instead of the prior
-(counting as one observation, so the request's own rounds soon outweigh it; for a probing
-governor, as MEMORY_ROUNDS of them, pooled with the request's own: see there). A drafter known
-to be wrong then drafts nothing at the start of the next request (from the prior it drafted
-up to 10 rounds before its estimate fell), and one known to be right drafts from the start.
-A probing drafter known not to pay also goes on with the back-off the last request ended in
-(``Backoff``): its probes are spaced across requests, at PROBE_BUDGET, instead of starting
-each request at the first back-off's dearer FIRST_PROBE_BUDGET.
+recent requests (each round examined there counting once, older ones fading by half per
+MEMORY_HALF_LIFE rounds, so a request that only probed once moves it little), and a request's
+estimate there starts from it instead of the prior (counting as one observation, so the
+request's own rounds soon outweigh it; for a probing governor, as MEMORY_ROUNDS of them,
+pooled with the request's own: see there). A drafter known to be wrong then drafts nothing at
+the start of the next request (from the prior it drafted up to 10 rounds before its estimate
+fell), and one known to be right drafts from the start. A probing drafter known not to pay
+also goes on with the back-off the last request ended in (``Backoff``): its probes are spaced
+across requests, at PROBE_BUDGET, instead of starting each request at the first back-off's
+dearer FIRST_PROBE_BUDGET.
 
 Requests that promise a reproducible sampled output (a seed and temperature > 0) start
 from the costs as calibrated and the prior, and change neither, because their k schedule,
@@ -191,6 +192,13 @@ ALWAYS_WRONG_BOUND = 16
 # (k 1 at 1.31 steps), acceptance drawn per request from the bench's 13 categories (0.31-0.62
 # at position 1): auto 1.048x -> 1.058x of plain (fixed k 1: 1.085x); a drafter at 0.40 every
 # request 1.012x -> 1.024x (1.064x); always-wrong and mixed wrong/right workloads unchanged.
+# The test is the normal approximation, and it is quick to call a shift at an extreme
+# memory: one miss against 0.98 is 7 standard errors of one round there, though its exact
+# chance is 2%. An exact binomial tail (below 0.00135) was tried and dropped: it asks for two
+# hits within one request to leave a memory of 0, and a drafter known wrong probes about once
+# a request, so one that started to pay was found only tens of requests later
+# (``test_a_carried_back_off_still_finds_a_drafter_that_starts_to_pay``). A false shift costs
+# the next request a start from a memory halfway off, which its own rounds soon outweigh.
 MEMORY_HALF_LIFE = 200.0
 MEMORY_SHIFT = 3.0
 SHIFT_FLOOR = 0.02  # the memory's rate as the test reads it: never quite 0 or 1
@@ -497,7 +505,9 @@ class Governor:
         the later-child calibration of trees to start from (copied; default the prior).
         ``schedule``: the back-off the last request of this drafter ended in
         (``AcceptanceMemory.schedule``); a probing governor whose start says that no k pays
-        goes on with it instead of starting a back-off of its own. ``steady``: sources whose
+        even at STAY_GAIN goes on with it instead of starting a back-off of its own (one whose
+        start clears STAY_GAIN drafts from its first round, the engine's stretch going on).
+        ``steady``: sources whose
         acceptance is the drafter's own rather than the prompt's (a routed drafter's trained
         head, ``steady_sources``): pooled with the memory as a probing governor's are, even
         where this one shadows (see MEMORY_ROUNDS)."""
