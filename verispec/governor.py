@@ -348,8 +348,7 @@ class CostModel:
         return [step + per_row * (m - 1) for m in range(first, first + count)]
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        predicted = self.verify(rows)
-        seconds = min(max(seconds, predicted / CLIP), predicted * CLIP)
+        seconds = _clipped(seconds, self.verify(rows))
         if rows == 1:
             self.step_seconds += COST_EMA * (seconds - self.step_seconds)
         else:
