@@ -21,15 +21,24 @@ many rounds a request auto drafted and probed. Nothing is timed: the numbers are
 ``--learn`` runs the requests in turn through one engine's ``AcceptanceMemory``, as the planner
 does: each starts from what the requests before it taught, and teaches the next. A profile of
 several parts joined by "/" is a mixed workload: request i takes part i modulo their number.
+
+``--drift SIGMA`` lets `--k auto` learn its costs as the engine does, from timings of its rounds
+on a machine whose speed drifts (``NoisyTimer``: per-round noise SIGMA, a slow drift, stalls;
+one cost model carried from request to request, starting from the exact line). Speed-ups are
+still counted in the true costs, which the drift scales alike for plain and drafted rounds.
+
+    .venv/bin/python benchmarks/governor_sim.py --learn --drift 0.12 --profile 0.43
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
+from verispec.bench.replay import Clock, NoisyTimer
 from verispec.governor import AcceptanceMemory, CostModel, Governor
 
 PROFILES = ("0", "0.2,0.3,0.4", "0.35,0.45,0.5,0.6", "0.45,0.5,0.6,0.65", "0.6,0.65,0.7,0.7", "0.8,0.8,0.85,0.85")
@@ -59,26 +68,36 @@ def simulate(
     k_max: int,
     memory: bool,
     learned: AcceptanceMemory | None = None,
+    live: tuple[CostModel, NoisyTimer] | None = None,
 ) -> Outcome:
     """One request: ``fixed`` k every round, or the governor's choice (None). ``memory``: the
     governor starts from the profile itself, as from an engine's acceptance memory that has
     learned it over earlier requests; else from the prior. ``learned``: it starts from this
-    memory, and teaches it what the request saw (``--learn``)."""
+    memory, and teaches it what the request saw (``--learn``). ``live``: the governor decides
+    on this cost model and teaches it the timer's timings of its rounds (``--drift``)."""
     rng = np.random.default_rng(seed)
+    seen, adapt = (costs, False) if live is None else (live[0], True)
     if learned is not None:
-        governor = Governor(k_max, costs, adapt_costs=False, start=learned.start(), schedule=learned.schedule)
+        governor = Governor(k_max, seen, adapt_costs=adapt, start=learned.start(), schedule=learned.schedule)
     else:
-        governor = Governor(k_max, costs, adapt_costs=False, start=profile if memory else ())
+        governor = Governor(k_max, seen, adapt_costs=adapt, start=profile if memory else ())
     out = Outcome()
     while out.tokens < tokens:
         after_plain = not governor.proposed_last
         k = fixed if fixed is not None else governor.next_k().k
         accepted = accepted_prefix(profile, k, rng)
         out.steps += costs.round_steps(k, after_plain) if k else 1.0
-        governor.observe(k, accepted, 0.0, 1.0)
+        if live is None:
+            governor.observe(k, accepted, 0.0, 1.0)
+        else:
+            factor = live[1].factor()
+            drafting = costs.draft_seconds(k, after_plain) * factor
+            governor.observe(k, accepted, drafting, costs.verify(k + 1) * factor)
         out.tokens += accepted + 1
         out.drafted += int(k > 0)
     out.probes = governor.probes
+    if live is not None:  # the engine carries a request's costs to the next (``Planner.finish``)
+        vars(live[0]).update(vars(governor.costs))
     if learned is not None:
         learned.learn(governor)
     return out
@@ -95,6 +114,7 @@ def main() -> None:
     parser.add_argument("--k-max", type=int, default=8)
     parser.add_argument("--memory", action="store_true", help="start from the true acceptance (a learned memory)")
     parser.add_argument("--learn", action="store_true", help="carry one engine's acceptance memory across requests")
+    parser.add_argument("--drift", type=float, default=None, help="auto learns its costs: timing noise (sigma)")
     args = parser.parse_args()
     costs = CostModel.line(1.0, args.per_row, args.draft, False, args.catch_up)
     start = "the prior"
@@ -111,9 +131,20 @@ def main() -> None:
         speed = {}
         for name, fixed in (("auto", None), ("k1", 1), ("k2", 2)):
             learned = AcceptanceMemory() if args.learn else None
+            live = None
+            if args.drift is not None and fixed is None:
+                live = (dataclasses.replace(costs), NoisyTimer(Clock(args.per_row), args.drift, seed=1))
             runs = [
                 simulate(
-                    profiles[seed % len(profiles)], costs, args.tokens, seed, fixed, args.k_max, args.memory, learned
+                    profiles[seed % len(profiles)],
+                    costs,
+                    args.tokens,
+                    seed,
+                    fixed,
+                    args.k_max,
+                    args.memory,
+                    learned,
+                    live,
                 )
                 for seed in range(args.requests)
             ]

@@ -538,20 +538,52 @@ def test_every_drafted_round_refines_the_cost_of_every_size():
     """Rows grow dearer (a longer context): rounds of k = 2 alone move the cost of k = 8, where
     a table of sizes kept k = 8 at its calibration and the governor kept choosing it."""
     model = CostModel.line(1.0, 0.1)
-    for _ in range(40):  # the calibration's weight falls to 0.9^40 of itself
+    for _ in range(100):
         model.observe_verify(1, 1.0)
         model.observe_verify(3, 1.0 + 2 * 0.25)
     assert model.per_row == pytest.approx(0.25, rel=0.01)
+    assert model.step_seconds == pytest.approx(1.0, rel=0.01)
     assert model.round_steps(8) == pytest.approx(3.0, rel=0.01)
 
 
 def test_a_stalled_timing_moves_the_costs_a_bounded_step():
-    model = CostModel.line(1.0, 0.1)
+    model, bound = CostModel.line(1.0, 0.1), CostModel.line(1.0, 0.1)
     model.observe_verify(5, 100.0)  # a pass that waited on something else: counts as 2 x 1.4
-    bounded = (0.9 * 16 * 0.1 + 4 * (2.8 - 1.0)) / (0.9 * 16 + 16)
-    assert model.per_row == pytest.approx(bounded)
-    model.observe_verify(1, 0.0001)  # and a plain step can halve r(1) at most
-    assert model.step_seconds == pytest.approx(1.0 - 0.25 * 0.5)
+    bound.observe_verify(5, 2.8)
+    assert model == bound and model.verify(5) < 2.8
+    step = model.step_seconds
+    model.observe_verify(1, 0.0001)  # and a plain step counts as half the step at least
+    bound.observe_verify(1, step / 2)
+    assert model == bound and step / 2 < model.step_seconds < step
+
+
+def test_a_machine_that_slows_moves_the_step_not_the_slope():
+    """Drafted rounds alone (a head drafting every round) on a machine turned 30% slower:
+    the step follows and a round's cost in steps stays. When only plain rounds moved the
+    step, the slowdown all went into the slope (0.1 -> ~0.37 s a row here): a k 1 round then
+    priced at 1.37 steps instead of 1.1, and the head (break-even ~0.3 there) went plain."""
+    model = CostModel.line(1.0, 0.1)
+    for _ in range(30):
+        model.observe_verify(2, 1.3 * 1.1)
+    assert model.step_seconds == pytest.approx(1.3, rel=0.05)
+    assert model.round_steps(1) == pytest.approx(1.1, rel=0.03)
+    for _ in range(30):  # and back to its old speed
+        model.observe_verify(2, 1.1)
+    assert model.step_seconds == pytest.approx(1.0, rel=0.05)
+    assert model.round_steps(1) == pytest.approx(1.1, rel=0.03)
+
+
+def test_plain_rounds_still_teach_a_slope_calibrated_wrong():
+    """The step follows drafted rounds at the slope it has, so the slope's evidence is what a
+    drafted round takes beyond a step that plain rounds keep anchoring: a line calibrated at
+    five times the true row cost is corrected by a request that goes plain one round in four."""
+    model = CostModel.line(1.0, 0.5)
+    for _ in range(60):
+        model.observe_verify(1, 1.0)
+        for _ in range(3):
+            model.observe_verify(2, 1.1)
+    assert model.per_row == pytest.approx(0.1, rel=0.1)
+    assert model.step_seconds == pytest.approx(1.0, rel=0.05)
 
 
 def test_a_pure_drafters_proposal_is_priced_whatever_k_it_is_cut_to():

@@ -123,11 +123,15 @@ class _Current:
 CURRENT = _Current()
 
 ACCEPT_EMA = 0.2  # weight of the newest round in the acceptance estimates (~5-round memory)
-COST_EMA = 0.25  # weight of the newest plain step's timing in r(1), and of drafting times
-# Per drafted round, the weight left to older rounds in the slope of verify time over rows
-# (~10 drafted rounds: the slope follows the context's growth and the machine's moods).
-ROW_FORGET = 0.9
-CALIBRATION_WEIGHT = 16.0  # a calibrated slope counts as much as one drafted round of k = 4
+COST_EMA = 0.25  # weight of the newest drafting time in its price
+# The verify line's filter (``CostModel``), in fractions of the pass's or the step's time: a
+# pass's own noise (one standard deviation), the machine's speed a round (a random walk that
+# moves every size alike), the row cost's own wander a round (the context grows), and how
+# sure a calibrated row cost is.
+TIMING_NOISE = 0.1
+DRIFT_PER_ROUND = 0.04
+ROW_WANDER = 0.005
+CALIBRATED_ROW = 0.05
 CLIP = 2.0  # a timing counts at most CLIP times, at least 1 / CLIP of its prediction
 PRIOR_ACCEPTANCE = 0.5  # acceptance assumed at a position not yet observed in this request
 # Draft only when the predicted speed-up clears plain decoding by this factor: the margin
@@ -251,28 +255,38 @@ class CostModel:
     """Verify time as a line in the number of rows, ``r(m) = step + per_row (m - 1)`` seconds,
     and the drafter's seconds per proposed token.
 
-    ``step`` is a running mean over plain rounds. ``per_row`` is a least-squares slope through
-    the drafted rounds of every size, (m - 1) against the time beyond a step, each round
-    weighted by its (m - 1)^2 and older rounds forgotten by ROW_FORGET a round. Every drafted
-    round, whatever its size, thus refines the cost of every size, the newest most. A table of
-    running means per size (the previous model) kept the sizes a request stopped choosing at
+    ``step`` and ``per_row`` are the state of a Kalman filter that every timed pass updates:
+    a plain round's time reads the step, a drafted round's of m rows the step plus m - 1 rows.
+    Between passes the machine's speed drifts (DRIFT_PER_ROUND: both move in proportion,
+    since a machine that slows slows every size alike) and the row cost wanders a little
+    (ROW_WANDER: the context grows). So a request that drafts every round (a trained head)
+    moves the step with its rounds' times, and the row cost stays; the next plain round reads
+    the step alone, and through the two's covariance corrects the row cost too.
+
+    Every drafted round, whatever its size, refines the cost of every size. A table of
+    running means per size (the first model) kept the sizes a request stopped choosing at
     whatever they last read: one slow timing of a size, or timings from an earlier and shorter
     context (verify rows grow dearer with context on the exact backend: 0.11 of a step per row
     at 80 tokens, 0.22 at 1,000 here), then steered k for the rest of a run, and a table that
     was not monotone chose sizes in gaps (k = 5 without 3 or 4). A weighted line through the
-    table's sizes was tried too (5f43078) and inherited the stale sizes. On a noisy simulated
-    clock (``benchmarks/governor_replay.py --noise 0.12``: per-round noise, a slow drift,
-    stalls) the line keeps auto / best fixed k within 2.5% of what exact costs give in every
-    category; the table, compared the same way before it was removed, fell 2-5% short of
-    exact costs in 8 of 13 categories (summarization 0.957 against 1.005).
+    table's sizes was tried too (5f43078) and inherited the stale sizes. The second model, a
+    running mean of plain steps and a forgetting least-squares slope of the time beyond the
+    step, left the step where the last plain round put it: a request that drafted nearly
+    every round put the machine's drift into the slope (0 to 1.04 ms a row across the
+    requests of one run, against ~0.4 ms measured), and `--k auto` for the head fell to 1.001x
+    where exact costs give 1.081x (``governor_sim.py --learn --drift 0.12``, the head at 0.43).
 
     Each timing counts clipped to [1/CLIP, CLIP] times its prediction: one stalled pass (a
     collection, another process) moves the estimates a bounded step.
     """
 
     step_seconds: float = 0.0  # r(1); 0 until measured
-    row_xx: float = 0.0  # forgetting sums of the slope's least squares: sum w x^2 ...
-    row_xy: float = 0.0  # ... and sum w x y, x = m - 1, y = the time beyond a step
+    row_seconds: float = 0.0  # the filter's row cost (per_row reads it, never below 0)
+    # The filter's covariance of (step, row cost), seconds squared.
+    var_step: float = 0.0
+    cov_step_row: float = 0.0
+    var_row: float = 0.0
+    has_slope: bool = False  # whether any evidence on the cost of extra rows is in
     draft_seconds_per_token: float = 0.0
     # A pure drafter's proposal costs the same whatever k it is cut to: its time is per
     # proposal (``draft_seconds_per_token`` then stays 0), paid by every round that asks for one.
@@ -286,14 +300,17 @@ class CostModel:
     def line(
         cls, step: float, per_row: float, draft: float = 0.0, per_proposal: bool = False, catch_up: float = 0.0
     ) -> CostModel:
-        """A known line: the slope counts as CALIBRATION_WEIGHT of evidence. ``draft``: seconds
-        per drafted token, or per proposal where ``per_proposal``; ``catch_up``: seconds a
-        drafted round after a plain one adds (a drafter with state only)."""
+        """A known line: the step as sure as one timing, the row cost to within CALIBRATED_ROW
+        of a step (a standard deviation). ``draft``: seconds per drafted token, or per proposal
+        where ``per_proposal``; ``catch_up``: seconds a drafted round after a plain one adds (a
+        drafter with state only)."""
         if step <= 0 or per_row < 0 or draft < 0 or catch_up < 0:
             raise ValueError(
                 f"costs must be positive (step {step}, per row {per_row}, draft {draft}, catch-up {catch_up})"
             )
-        return cls(step, CALIBRATION_WEIGHT, per_row * CALIBRATION_WEIGHT)._drafting(draft, per_proposal, catch_up)
+        return cls(step, per_row, (TIMING_NOISE * step) ** 2, 0.0, (CALIBRATED_ROW * step) ** 2, True)._drafting(
+            draft, per_proposal, catch_up
+        )
 
     @classmethod
     def from_timings(
@@ -306,8 +323,8 @@ class CostModel:
         step = verify_seconds[1]
         xx = sum((m - 1) ** 2 for m in verify_seconds)
         xy = sum((m - 1) * (seconds - step) for m, seconds in verify_seconds.items())
-        if xx == 0:
-            return cls(step)._drafting(draft, per_proposal, catch_up)
+        if xx == 0:  # the row cost unknown: a step's worth of uncertainty
+            return cls(step, 0.0, (TIMING_NOISE * step) ** 2, 0.0, step**2)._drafting(draft, per_proposal, catch_up)
         return cls.line(step, max(0.0, xy / xx), draft, per_proposal, catch_up)
 
     def _drafting(self, seconds: float, per_proposal: bool, catch_up: float = 0.0) -> CostModel:
@@ -326,13 +343,8 @@ class CostModel:
         return self.step_seconds > 0
 
     @property
-    def has_slope(self) -> bool:
-        """Whether any evidence on the cost of extra rows is in (two sizes timed)."""
-        return self.row_xx > 0
-
-    @property
     def per_row(self) -> float:
-        return max(0.0, self.row_xy / self.row_xx) if self.row_xx > 0 else 0.0
+        return max(0.0, self.row_seconds)
 
     def verify(self, rows: int) -> float:
         """r(rows), seconds."""
@@ -348,13 +360,27 @@ class CostModel:
         return [step + per_row * (m - 1) for m in range(first, first + count)]
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        seconds = _clipped(seconds, self.verify(rows))
-        if rows == 1:
-            self.step_seconds += COST_EMA * (seconds - self.step_seconds)
-        else:
-            x = rows - 1
-            self.row_xx = ROW_FORGET * self.row_xx + x * x
-            self.row_xy = ROW_FORGET * self.row_xy + x * (seconds - self.step_seconds)
+        """A pass of ``rows`` rows took ``seconds``: the filter's step (see the class). The row
+        cost inside the filter may go below 0 on noise; ``per_row`` reads it as 0 there."""
+        step, row, x = self.step_seconds, self.row_seconds, rows - 1
+        # The machine's speed moved since the last pass: step and rows in proportion.
+        drift = DRIFT_PER_ROUND**2
+        self.var_step += drift * step * step
+        self.cov_step_row += drift * step * row
+        self.var_row += drift * row * row + (ROW_WANDER * step) ** 2
+        predicted = step + row * x
+        error = _clipped(seconds, predicted) - predicted
+        # Gains of the observation step + x row; (s_step, s_row) is the covariance times H'.
+        s_step = self.var_step + x * self.cov_step_row
+        s_row = self.cov_step_row + x * self.var_row
+        spread = s_step + x * s_row + (TIMING_NOISE * predicted) ** 2
+        gain_step, gain_row = s_step / spread, s_row / spread
+        self.step_seconds = max(step + gain_step * error, step / CLIP)
+        self.row_seconds = row + gain_row * error
+        self.var_step -= gain_step * s_step
+        self.cov_step_row -= gain_step * s_row
+        self.var_row -= gain_row * s_row
+        self.has_slope = self.has_slope or x > 0
 
     def draft_seconds(self, k: int, after_plain: bool = False) -> float:
         """d(k): drafting k tokens (0: no proposal asked for); ``after_plain``: in a round
@@ -651,8 +677,7 @@ class Governor:
             floor,
             self.proposed_last,
             costs.step_seconds,
-            costs.row_xx,
-            costs.row_xy,
+            costs.row_seconds,
             costs.draft_seconds_per_token,
             costs.draft_seconds_per_proposal,
             costs.catch_up_seconds,

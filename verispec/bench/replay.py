@@ -79,10 +79,15 @@ class NoisyTimer:
         self._rng = np.random.default_rng(self.seed)
 
     def __call__(self, drafts: int, context: int) -> float:
+        return self.clock.steps(drafts, context) * self.factor()
+
+    def factor(self) -> float:
+        """The next round's time over its true cost: the drift moves on a round, noise and
+        stalls are drawn afresh."""
         keep = 1.0 - 1.0 / self.drift_rounds
         self._state = keep * self._state + self._rng.normal(0.0, self.drift * math.sqrt(1.0 - keep**2))
-        seconds = self.clock.steps(drafts, context) * math.exp(self._rng.normal(0.0, self.sigma) + self._state)
-        return seconds * (1.6 if self._rng.random() < self.stall else 1.0)
+        factor = math.exp(self._rng.normal(0.0, self.sigma) + self._state)
+        return factor * (1.6 if self._rng.random() < self.stall else 1.0)
 
     def calibrate(self, context: int, k_max: int, repeats: int = 3) -> CostModel:
         """The engine's calibration: the fastest of a few timings per size."""
