@@ -78,6 +78,67 @@ def test_its_fallback_is_the_head_s_proposal_even_where_suffix_is_strong(tiny_en
     assert drafter.steady_sources == (hybrid.HEAD_SOURCE,) and drafter.learnt_rounds == 1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_head_s_draft_goes_on_with_suffix_s_strong_continuation(tiny_engine, tiny_drafters, head, temperature):
+    # ``hybrid_extend``: after the head's token, suffix's strong continuation of the context
+    # with that token appended (a point mass given the tokens before it). Earlier requests
+    # (suffix's cache) read the context, the head's token and then ``after``, twice.
+    params, after = SamplingParams(temperature=temperature), [40, 41, 42, 43]
+    context = trained.prepared(tiny_engine, head, FRESH, params)
+    try:
+        alone = head.propose(context, 1, np.random.default_rng(0))
+    finally:
+        trained.release(tiny_engine, head)
+    extending = tiny_engine.drafter(
+        "hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=1000, hybrid_extend=3, fresh=True
+    )
+    copier = tiny_engine.drafter("suffix", suffix_cache_tokens=1000, fresh=True)
+    for suffixes in (extending.copier, copier):
+        for _ in range(2):
+            suffixes.begin([*context, *alone.tokens, *after], params)
+            suffixes.reset()
+    copier.begin(context, params)
+    continued = copier.propose([*context, *alone.tokens], 3, np.random.default_rng(0))
+    assert copier.last.match >= hybrid.DEFAULT_MIN_MATCH and continued.frequencies[0] >= hybrid.DEFAULT_MIN_FREQUENCY
+    assert continued.tokens == after[:3]
+    prepared = trained.prepared(tiny_engine, extending, FRESH, params)
+    try:
+        draft = extending.propose_fallback(prepared, 4, np.random.default_rng(0))
+        shorter = extending.propose_fallback(prepared, 2, np.random.default_rng(0))  # up to k in all
+    finally:
+        trained.release(tiny_engine, extending)
+    assert draft.source == hybrid.HEAD_SOURCE and extending.extended == 2
+    assert draft.tokens == alone.tokens + continued.tokens and shorter.tokens == draft.tokens[:2]
+    if temperature == 0.0:
+        assert draft.probs is None and alone.probs is None
+    else:  # the head's row, then each copied token's point mass
+        np.testing.assert_array_equal(draft.probs[0], alone.probs[0])
+        assert np.array_equal(draft.probs[1:], np.eye(draft.probs.shape[1])[continued.tokens])
+
+
+def test_without_hybrid_extend_the_head_drafts_alone(tiny_engine, tiny_drafters):
+    # The default (0): where suffix has the same strong continuation as above, the head's
+    # token alone.
+    plain = tiny_engine.drafter(
+        "hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=1000, fresh=True
+    )
+    context = trained.prepared(tiny_engine, plain, FRESH, GREEDY)
+    try:
+        token = plain.propose_fallback(context, 4, np.random.default_rng(0)).tokens
+    finally:
+        trained.release(tiny_engine, plain)
+    for _ in range(2):
+        plain.copier.begin([*context, *token, 40, 41, 42, 43], GREEDY)
+        plain.copier.reset()
+    context = trained.prepared(tiny_engine, plain, FRESH, GREEDY)
+    try:
+        assert plain.copier.propose_after(context, token, 3).tokens == [40, 41, 42]
+        assert plain.propose_fallback(context, 4, np.random.default_rng(0)).tokens == token
+    finally:
+        trained.release(tiny_engine, plain)
+    assert plain.extend == hybrid.DEFAULT_EXTEND == 0 and plain.extended == 0
+
+
 def test_a_stricter_match_floor_hands_the_round_to_the_head(tiny_engine, tiny_drafters):
     strict = tiny_engine.drafter(
         "hybrid", drafter_weights=str(tiny_drafters["head"]), suffix_cache_tokens=0, hybrid_min_match=64, fresh=True
@@ -118,6 +179,8 @@ def test_forks_share_suffix_s_cache_and_own_their_requests(tiny_engine, tiny_dra
         {"hybrid_min_frequency": 1.5},
         {"hybrid_min_frequency": "often"},
         {"hybrid_head_k": 0},
+        {"hybrid_extend": -1},
+        {"hybrid_extend": True},
         {"suffix_max_match": 0},
         {"head_kernels": "q3"},
         {"draft_branches": 3},  # trees: neither part's are drafted by the hybrid

@@ -348,3 +348,32 @@ def test_a_proposal_is_the_one_its_definition_gives(vocab, documents, context, k
         run(drafter, [t % vocab for t in doc])
     drafter.begin([t % vocab for t in context], SamplingParams())
     assert drafter.search(k) == defined_search(drafter, k)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    documents=st.lists(st.lists(st.integers(0, 5), max_size=40), max_size=4),
+    context=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+    extra=st.lists(st.integers(0, 5), max_size=4),
+    k=st.integers(0, 6),
+)
+def test_a_proposal_after_a_draft_is_the_one_the_extended_context_gets_and_changes_nothing(
+    documents, context, extra, k
+):
+    """``propose_after`` (what the hybrid asks after the head's tokens) equals ``propose`` on the
+    context with the tokens appended, and leaves the document as the context has it: the next
+    proposal on the context is the one it would have been."""
+    drafter, reference = make(SuffixCache(1000)), make(SuffixCache(1000))
+    for doc in documents:
+        run(drafter, doc)
+        run(reference, doc)
+    drafter.begin(context, SamplingParams())
+    before = drafter.propose(context, 4, RNG)
+    after = drafter.propose_after(context, extra, k)
+    expected = proposal(reference, [*context, *extra], k)
+    assert (after.tokens, after.source, after.frequencies) == (expected.tokens, expected.source, expected.frequencies)
+    if expected.tokens:
+        assert drafter.last == reference.last
+    assert drafter.local.tokens.tolist() == context
+    again = drafter.propose(context, 4, RNG)
+    assert (again.tokens, again.source, again.frequencies) == (before.tokens, before.source, before.frequencies)

@@ -49,7 +49,11 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(chat_dir
         server.wait_ready()
         # The server listened before the model was ready, and said so.
         assert server.health_seen[0] == 503 and server.health_seen[-1] == 200
-        body = {"model": server.model, **LONG, "max_tokens": 3000}
+        # Always-wrong drafts of 8 a round: a slower round (9 rows for each token), and the same
+        # greedy text. Plain, the request ran to its end in ~0.2 s, at times before the refused
+        # request below reached the server, which had then exited (connection refused).
+        slow = {"drafter": "wrong", "k": 8}
+        body = {"model": server.model, **LONG, "max_tokens": 3000, "speculative": slow}
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))

@@ -19,8 +19,8 @@ default otherwise), ``kernels`` (where the head's layers run: auto, off = torch,
 format q4, q8_0, bf16, f32), ``spec_factor``, ``min_score`` and ``max_match`` (the suffix
 drafter's longest draft per matched token, its score floor, and the longest match it measures),
 ``phrases`` (the suffix drafter's phrase table: auto, off or a table file), ``min_match``,
-``min_frequency`` and ``head_k`` (the hybrid drafter's: when a suffix proposal drafts, and
-the head's longest draft).
+``min_frequency``, ``head_k`` and ``extend`` (the hybrid drafter's: when a suffix proposal
+drafts, the head's longest draft, and the suffix tokens that may follow it).
 Examples: ``none``, ``lookup:k=8``, ``head:confidence=0.3``, ``head:weights=runs/head``,
 ``lookup:k=auto,dtype=float32``,
 ``none:backend=llama.cpp``, ``none:backend=torch``, ``lookup:quant=int4``, ``hf-prompt-lookup:n=10``.
@@ -43,6 +43,7 @@ BASELINE = "none"
 VERISPEC_OPTIONS = {
     *("k", "k_max", "dtype", "backend", "quant", "exact", "confidence", "weights", "cache", "branches", "kernels"),
     *("spec_factor", "min_score", "max_match", "phrases", "native", "min_match", "min_frequency", "head_k"),
+    "extend",
 }
 PEER_OPTIONS = {"n", "dtype"}
 QUANT_CHOICES = ("auto", "bf16", "int8", "int4")  # the native backend's --weights
@@ -111,6 +112,8 @@ class BenchConfig:
         for key in ("min_match", "head_k"):
             if key in self.options:
                 options[f"hybrid_{key}"] = self.int_option(key, 1)
+        if "extend" in self.options:
+            options["hybrid_extend"] = self.int_option("extend", 0)
         if "min_frequency" in self.options:
             options["hybrid_min_frequency"] = self.float_option("min_frequency")
         return options

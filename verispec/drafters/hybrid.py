@@ -45,6 +45,7 @@ from verispec.targets.base import HiddenCapture
 DEFAULT_MIN_MATCH = 2
 DEFAULT_MIN_FREQUENCY = 0.5
 DEFAULT_HEAD_K = 1
+DEFAULT_EXTEND = 0  # suffix tokens a head proposal may go on with (0: none)
 HEAD_SOURCE = "head"
 _UNUSED = np.random.default_rng(0)  # the generator suffix's propose takes and never reads
 
@@ -66,16 +67,21 @@ class HybridDrafter:
         min_match: int = DEFAULT_MIN_MATCH,
         min_frequency: float = DEFAULT_MIN_FREQUENCY,
         head_k: int = DEFAULT_HEAD_K,
+        extend: int = DEFAULT_EXTEND,
     ) -> None:
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
             raise DrafterError(f"hybrid_min_match is an integer >= 1, got {min_match!r}")
         min_frequency = check_fraction(min_frequency, "hybrid_min_frequency")
         if isinstance(head_k, bool) or not isinstance(head_k, int) or head_k < 1:
             raise DrafterError(f"hybrid_head_k is an integer >= 1, got {head_k!r}")
+        if isinstance(extend, bool) or not isinstance(extend, int) or extend < 0:
+            raise DrafterError(f"hybrid_extend is an integer >= 0, got {extend!r}")
         self.copier, self.learnt = copier, learnt
         self.min_match, self.min_frequency, self.head_k = min_match, min_frequency, head_k
+        self.extend = extend
         self.copied = 0  # proposals made by suffix, and by the head (for reports and tests)
         self.learnt_rounds = 0
+        self.extended = 0  # head proposals that suffix's continuation extended
         self._peek: tuple[int, int, Draft | None] | None = None  # (len(context), k, strong suffix draft)
 
     @property
@@ -112,7 +118,22 @@ class HybridDrafter:
             return NO_DRAFT
         drafted = self.learnt.propose(context, min(k, self.head_k), rng)
         self.learnt_rounds += 1
-        return Draft(drafted.tokens, drafted.probs, HEAD_SOURCE) if drafted.tokens else NO_DRAFT
+        if not drafted.tokens:
+            return NO_DRAFT
+        tokens, probs = list(drafted.tokens), drafted.probs
+        room = min(k, len(tokens) + self.extend) - len(tokens)
+        if room > 0:
+            # Where suffix has a strong continuation of the head's draft, it follows: the head's
+            # token taken, a copy is often right (a point mass given the tokens before it).
+            more = self._strong(self.copier.propose_after(context, tokens, room))
+            if more is not None:
+                self.extended += 1
+                if probs is not None:  # sampled: each copied token's row is its point mass
+                    rows = np.zeros((len(more.tokens), probs.shape[1]), dtype=probs.dtype)
+                    rows[np.arange(len(more.tokens)), more.tokens] = 1.0
+                    probs = np.concatenate([probs, rows])
+                tokens += more.tokens
+        return Draft(tokens, probs, HEAD_SOURCE)
 
     def _copied(self, context: Sequence[int], k: int) -> Draft | None:
         """suffix's proposal of up to k tokens where it is strong (a match of at least
@@ -121,13 +142,17 @@ class HybridDrafter:
         if self._peek is not None and self._peek[:2] == (len(context), k):
             return self._peek[2]
         # suffix's drafts are deterministic (point masses): it draws nothing from a generator.
-        copied = self.copier.propose(context, k, _UNUSED).main_chain()
+        found = self._strong(self.copier.propose(context, k, _UNUSED))
+        self._peek = (len(context), k, found)
+        return found
+
+    def _strong(self, proposal: Draft) -> Draft | None:
+        """suffix's latest proposal as the hybrid's where it is strong, else None."""
+        copied = proposal.main_chain()
         walk = self.copier.last if copied.tokens else None
         first = copied.frequencies[0] if copied.frequencies else 0.0
         strong = walk is not None and walk.match >= self.min_match and first >= self.min_frequency
-        found = Draft(copied.tokens, None, (suffix.SuffixDrafter.name, copied.source)) if strong else None
-        self._peek = (len(context), k, found)
-        return found
+        return Draft(copied.tokens, None, (suffix.SuffixDrafter.name, copied.source)) if strong else None
 
     def observe(self, context: Sequence[int], accepted: int) -> None:
         self._peek = None
@@ -146,6 +171,7 @@ class HybridDrafter:
             min_match=self.min_match,
             min_frequency=self.min_frequency,
             head_k=self.head_k,
+            extend=self.extend,
         )
 
 
@@ -159,4 +185,5 @@ def _build(context: DrafterContext) -> HybridDrafter:
         min_match=context.option("hybrid_min_match", DEFAULT_MIN_MATCH),
         min_frequency=context.option("hybrid_min_frequency", DEFAULT_MIN_FREQUENCY),
         head_k=context.option("hybrid_head_k", DEFAULT_HEAD_K),
+        extend=context.option("hybrid_extend", DEFAULT_EXTEND),
     )

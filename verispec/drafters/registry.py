@@ -36,7 +36,7 @@ _SUFFIX = (
     "suffix_phrases",
     "suffix_native",
 )
-_HYBRID = ("hybrid_min_match", "hybrid_min_frequency", "hybrid_head_k")
+_HYBRID = ("hybrid_min_match", "hybrid_min_frequency", "hybrid_head_k", "hybrid_extend")
 DRAFTER_OPTIONS: dict[str, frozenset[str]] = {
     "none": frozenset(),
     "lookup": frozenset({"max_ngram", "min_ngram"}),

@@ -94,6 +94,7 @@ DEFAULT_MIN_SCORE = 0.3
 DEFAULT_SPEC_FACTOR = 4.0
 DEFAULT_CACHE_TOKENS = 1 << 18  # tokens of earlier requests kept (0: no cross-request cache)
 SEPARATOR = -1  # between documents in a store: no match or walk crosses it
+_NO_DRAWS = np.random.default_rng(0)  # the generator ``propose`` takes: suffix draws nothing
 # A key packs KEY tokens of 20 bits (ids of larger vocabularies may share keys: then the match
 # lengths, measured on the tokens themselves, tell the occurrences apart) and n in 63 bits.
 TOKEN_BITS = 20
@@ -656,13 +657,30 @@ class SuffixDrafter:
         parents = found.parents if self.branches > 1 else None
         return Draft(found.tokens, source=source_of(found), parents=parents, frequencies=found.frequencies)
 
+    def propose_after(self, context: Sequence[int], extra: Sequence[int], k: int) -> Draft:
+        """``propose`` on the context followed by ``extra``, tokens another drafter drafted and
+        nothing has committed yet: the chain that would follow them (a pure read; the document
+        stays the context's, ``last`` is this walk)."""
+        if self.state is not None:
+            return self._native_draft(self._native_state().propose_after(context, extra, k))
+        # The Python walks index their document as it grows: walk a document extended by the
+        # draft, then start the context's over (a fallback, O(context) a call).
+        draft = self.propose([*context, *extra], k, _NO_DRAWS)
+        walk = self._last
+        self._sync(context)
+        self._last = walk
+        return draft
+
     def _native_propose(self, context: Sequence[int], k: int) -> Draft:
         """``propose`` in one C++ call (``csrc/drafting.cpp``: the document brought up to the
         context, the chain, the phrase table's fallback). A proposal runs between passes that
         flush the caches, and each Python object it touches is a miss: this path builds only the
         Draft."""
-        found = self._native_state().propose(context, k)
-        if found is None:  # k <= 0 or nothing read yet
+        return self._native_draft(self._native_state().propose(context, k))
+
+    def _native_draft(self, found: tuple[list[int], list[float], int, int, int] | None) -> Draft:
+        """The Draft of a C++ chain (None: k <= 0 or nothing read yet); ``last`` is its walk."""
+        if found is None:
             return NO_DRAFT
         self._last = found
         drafted, frequencies, match, _, store = found

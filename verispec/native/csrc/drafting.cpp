@@ -418,6 +418,27 @@ class Suffix {
     return py::make_tuple(found.tokens, found.frequencies, found.match, found.count, found.store);
   }
 
+  // ``propose`` on the context followed by ``extra`` (tokens drafted, not committed): the
+  // document is left as the context has it.
+  py::object propose_after(py::handle context, py::handle extra, int64_t k) {
+    sync(context);
+    const Items more(extra);
+    std::vector<int64_t> tail(static_cast<size_t>(more.size()));
+    for (int64_t i = 0; i < more.size(); ++i) tail[static_cast<size_t>(i)] = more[i];  // checked first
+    if (k <= 0 || doc_.size() + tail.size() == 0) return py::none();
+    const size_t known = doc_.size();
+    doc_.insert(doc_.end(), tail.begin(), tail.end());
+    Found found;
+    try {
+      chain(doc_.data(), static_cast<int64_t>(doc_.size()), cache_, k, settings_, phrases_, found);
+    } catch (...) {
+      doc_.resize(known);
+      throw;
+    }
+    doc_.resize(known);
+    return py::make_tuple(found.tokens, found.frequencies, found.match, found.count, found.store);
+  }
+
   // The chain alone (``SuffixDrafter.search``), on the document as it is.
   py::tuple search(int64_t k) const {
     Found found;
@@ -461,6 +482,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("extend", &vsd::Suffix::extend, py::arg("ids"))
       .def("sync", &vsd::Suffix::sync, py::arg("context"))
       .def("propose", &vsd::Suffix::propose, py::arg("context"), py::arg("k"))
+      .def("propose_after", &vsd::Suffix::propose_after, py::arg("context"), py::arg("extra"), py::arg("k"))
       .def("search", &vsd::Suffix::search, py::arg("k"))
       .def("tokens", &vsd::Suffix::tokens)
       .def_property_readonly("size", &vsd::Suffix::size);
