@@ -281,7 +281,7 @@ class CostModel:
     """
 
     step_seconds: float = 0.0  # r(1); 0 until measured
-    row_seconds: float = 0.0  # the filter's row cost (per_row reads it, never below 0)
+    row_seconds: float = 0.0  # the filter's row cost (``per_row``), never below 0
     # The filter's covariance of (step, row cost), seconds squared.
     var_step: float = 0.0
     cov_step_row: float = 0.0
@@ -344,7 +344,7 @@ class CostModel:
 
     @property
     def per_row(self) -> float:
-        return max(0.0, self.row_seconds)
+        return self.row_seconds
 
     def verify(self, rows: int) -> float:
         """r(rows), seconds."""
@@ -361,7 +361,8 @@ class CostModel:
 
     def observe_verify(self, rows: int, seconds: float) -> None:
         """A pass of ``rows`` rows took ``seconds``: the filter's step (see the class). The row
-        cost inside the filter may go below 0 on noise; ``per_row`` reads it as 0 there."""
+        cost is kept at 0 or more (a projection onto what a cost can be), so a prediction is
+        never below the step."""
         step, row, x = self.step_seconds, self.row_seconds, rows - 1
         # The machine's speed moved since the last pass: step and rows in proportion.
         drift = DRIFT_PER_ROUND**2
@@ -376,7 +377,7 @@ class CostModel:
         spread = s_step + x * s_row + (TIMING_NOISE * predicted) ** 2
         gain_step, gain_row = s_step / spread, s_row / spread
         self.step_seconds = max(step + gain_step * error, step / CLIP)
-        self.row_seconds = row + gain_row * error
+        self.row_seconds = max(0.0, row + gain_row * error)
         self.var_step -= gain_step * s_step
         self.cov_step_row -= gain_step * s_row
         self.var_row -= gain_row * s_row

@@ -134,10 +134,15 @@ def compare(counts, law, runs=N_RUNS):
 # ("lookup", "auto") runs the same test with the economics governor choosing k; "head" and
 # "block" are the trained drafters (trained briefly on the tiny target, tiny_drafters);
 # "hybrid" drafts suffix's point masses where the runs' own outputs repeat and the head's
-# sampled rows elsewhere, both within one arm.
+# sampled rows elsewhere, both within one arm; "hybrid-extend" also continues the head's
+# sampled token with suffix's copy of what followed it (``hybrid_extend``: a draft whose
+# length depends on the head's draw).
 @pytest.mark.parametrize(
     ("drafter", "k"),
-    [("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto"), ("head", 3), ("block", 3), ("hybrid", 3)],
+    [
+        *[("lookup", 3), ("model", 3), ("none", 0), ("lookup", "auto"), ("head", 3), ("block", 3)],
+        *[("hybrid", 3), ("hybrid-extend", 4)],
+    ],
 )
 def test_engine_output_follows_the_target(tiny_engine, exact_law, drafter, k, request):
     check_follows(tiny_engine, exact_law, drafter, k, request)
@@ -172,9 +177,11 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     if drafter == "head-tree":  # each drafted position's 3 candidates, siblings drawn without replacement
         weights = request.getfixturevalue("tiny_drafters")["head"]
         chosen = engine.drafter("head", drafter_weights=str(weights), draft_branches=3)
-    if drafter == "hybrid":  # a cache of its own: the arm's runs fill it
+    if drafter in ("hybrid", "hybrid-extend"):  # a cache of its own: the arm's runs fill it
         weights = request.getfixturevalue("tiny_drafters")["head"]
-        chosen = engine.drafter("hybrid", drafter_weights=str(weights), scope=f"distribution-{k}-{params}")
+        extend = 3 if drafter == "hybrid-extend" else 0
+        scope = f"distribution-{drafter}-{k}-{params}"
+        chosen = engine.drafter("hybrid", drafter_weights=str(weights), hybrid_extend=extend, scope=scope)
     trees: list[int] = []
     counts, offered, accepted = run_engine(engine, chosen, k, runs=runs, params=params, trees=trees)
     pvalue, deviation, cells = compare(counts, law, runs=runs)
@@ -188,9 +195,15 @@ def check_follows(engine, law, drafter, k, request, runs=N_RUNS, params=PARAMS):
     if drafter in ("suffix-tree", "head-tree"):
         print(f"  tree rounds: {sum(trees)} in {sum(t > 0 for t in trees)} of {runs} runs")
         assert sum(trees) > runs // 10  # trees were verified, not only chains
-    if drafter == "hybrid":
-        print(f"  proposals: {chosen.copied} by suffix, {chosen.learnt_rounds} by the head")
-        assert chosen.copied > runs // 10 and chosen.learnt_rounds > runs // 10  # both drafters proposed
+    if drafter in ("hybrid", "hybrid-extend"):
+        print(
+            f"  proposals: {chosen.copied} by suffix, {chosen.learnt_rounds} by the head ({chosen.extended} extended)"
+        )
+        assert chosen.copied > 0 and chosen.learnt_rounds > runs // 10  # both drafters proposed
+        if drafter == "hybrid":
+            assert chosen.copied > runs // 10 and chosen.extended == 0
+        else:
+            assert chosen.extended > runs // 10  # the head's draws were continued
     if drafter == "wrong":
         assert offered > 0 and accepted == 0  # every round drafted, every draft rejected
     elif drafter != "none" and (k != "auto" or offered > 0):

@@ -14,6 +14,10 @@ did not draft, whose states it catches up on at its next proposal).
 Exactness: which drafter drafts depends on the committed context alone, never on a draw,
 so each round's draft is distributed exactly as the row it reports (a ``suffix`` draft is a
 point mass, a head draft carries its q rows); the rule then keeps the output the target's.
+With ``hybrid_extend`` (default 0) a head draft goes on with suffix's strong continuation of
+the context and the head's tokens: each copied token is a point mass given the tokens
+before it, which the rule judges position by position, so a draft whose length depends on
+the head's draw is still exact (the whole-engine arm "hybrid-extend" checks it sampled).
 
 A proposal's source is ("suffix", suffix's own source) or "head", so a governor keeps its
 acceptance estimates apart for the two. Proposals are pure (``pure_proposals``): suffix's
