@@ -28,6 +28,13 @@ one cost model carried from request to request, starting from the exact line). S
 still counted in the true costs, which the drift scales alike for plain and drafted rounds.
 
     .venv/bin/python benchmarks/governor_sim.py --learn --drift 0.12 --profile 0.43
+
+``--curve`` prices verify passes by a measured curve instead of the ``--per-row`` line (plain
+steps by rows 1, 2, ..., from ``verify_cost.py``); the governor's cost model is the
+least-squares line through it, as a calibration fits one:
+
+    .venv/bin/python benchmarks/governor_sim.py --curve 1,1.04,1.15,1.25,1.41,1.58,2.06,2.27,2.27 \
+        --draft 0.01 --catch-up 0 --learn --drift 0.12 --profile 0.5,0.7,0.8,0.85
 """
 
 from __future__ import annotations
@@ -69,12 +76,14 @@ def simulate(
     memory: bool,
     learned: AcceptanceMemory | None = None,
     live: tuple[CostModel, NoisyTimer] | None = None,
+    clock: Clock | None = None,
 ) -> Outcome:
     """One request: ``fixed`` k every round, or the governor's choice (None). ``memory``: the
     governor starts from the profile itself, as from an engine's acceptance memory that has
     learned it over earlier requests; else from the prior. ``learned``: it starts from this
     memory, and teaches it what the request saw (``--learn``). ``live``: the governor decides
-    on this cost model and teaches it the timer's timings of its rounds (``--drift``)."""
+    on this cost model and teaches it the timer's timings of its rounds (``--drift``).
+    ``clock``: the true verify passes (a ``--curve``), where not ``costs``' line."""
     rng = np.random.default_rng(seed)
     seen, adapt = (costs, False) if live is None else (live[0], True)
     if learned is not None:
@@ -86,13 +95,14 @@ def simulate(
         after_plain = not governor.proposed_last
         k = fixed if fixed is not None else governor.next_k().k
         accepted = accepted_prefix(profile, k, rng)
-        out.steps += costs.round_steps(k, after_plain) if k else 1.0
+        verify = clock.steps(k, 0) if clock is not None else costs.verify(k + 1)  # a plain step is 1
+        out.steps += max(1.0, costs.draft_seconds(k, after_plain) + verify) if k else 1.0
         if live is None:
             governor.observe(k, accepted, 0.0, 1.0)
         else:
             factor = live[1].factor()
             drafting = costs.draft_seconds(k, after_plain) * factor
-            governor.observe(k, accepted, drafting, costs.verify(k + 1) * factor)
+            governor.observe(k, accepted, drafting, verify * factor)
         out.tokens += accepted + 1
         out.drafted += int(k > 0)
     out.probes = governor.probes
@@ -115,8 +125,10 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="start from the true acceptance (a learned memory)")
     parser.add_argument("--learn", action="store_true", help="carry one engine's acceptance memory across requests")
     parser.add_argument("--drift", type=float, default=None, help="auto learns its costs: timing noise (sigma)")
+    parser.add_argument("--curve", help="verify passes' plain steps by rows 1, 2, ... (default: the --per-row line)")
     args = parser.parse_args()
-    costs = CostModel.line(1.0, args.per_row, args.draft, False, args.catch_up)
+    clock = Clock.from_curve([float(x) for x in args.curve.split(",")]) if args.curve else Clock(args.per_row)
+    costs = CostModel.line(1.0, clock.per_row, args.draft, False, args.catch_up)
     start = "the prior"
     if args.memory or args.learn:
         start = "a memory learned request by request" if args.learn else "the true acceptance"
@@ -133,7 +145,7 @@ def main() -> None:
             learned = AcceptanceMemory() if args.learn else None
             live = None
             if args.drift is not None and fixed is None:
-                live = (dataclasses.replace(costs), NoisyTimer(Clock(args.per_row), args.drift, seed=1))
+                live = (dataclasses.replace(costs), NoisyTimer(clock, args.drift, seed=1))
             runs = [
                 simulate(
                     profiles[seed % len(profiles)],
@@ -145,6 +157,7 @@ def main() -> None:
                     args.memory,
                     learned,
                     live,
+                    clock,
                 )
                 for seed in range(args.requests)
             ]

@@ -5,6 +5,7 @@ import pytest
 from verispec.bench.replay import Clock, NoisyTimer, replay
 from verispec.drafters.control import WrongDrafter
 from verispec.drafters.lookup import LookupDrafter
+from verispec.governor import CostModel
 from verispec.planner import Planner
 
 PROMPTS = ["the cat sat on the mat. the cat", "abc abc abc ab", "zq xw vu ts"]
@@ -38,6 +39,23 @@ def test_a_clock_charges_rows_more_at_longer_contexts():
     clock = Clock(0.1, 0.0001)
     assert clock.steps(0, 5000) == 1.0
     assert clock.steps(4, 0) == pytest.approx(1.4) and clock.steps(4, 1000) == pytest.approx(1.8)
+
+
+def test_a_clock_from_a_measured_curve_charges_its_passes_and_governs_on_its_line():
+    """The native decoder's q4 passes on 2 AVX-512 VNNI cores (verify_cost.py): the clock
+    charges each size its measured steps, past them the line through the last, and hands a
+    governor the least-squares line through them, as a calibration fits it."""
+    curve = (1.0, 1.04, 1.15, 1.25, 1.41, 1.58, 2.06, 2.27, 2.27)
+    clock = Clock.from_curve(curve, per_token=0.001)
+    assert [clock.steps(d, 0) for d in range(len(curve))] == pytest.approx(curve)
+    assert clock.steps(16, 0) - 1 == pytest.approx(2 * (curve[-1] - 1))
+    assert clock.steps(2, 100) == pytest.approx(1 + (curve[2] - 1) * (1 + 0.1 / clock.per_row))
+    fitted = CostModel.from_timings(dict(enumerate(curve, start=1)))
+    assert clock.costs(0).round_steps(6) == pytest.approx(fitted.round_steps(6)) == pytest.approx(1 + 6 * clock.per_row)
+    bumpy = Clock.from_curve((1.0, 1.3, 1.1, 1.4))  # a noisy size never costs less than a smaller one
+    assert bumpy.steps(2, 0) == pytest.approx(bumpy.steps(1, 0))
+    with pytest.raises(ValueError, match="1 row on"):
+        Clock.from_curve((1.2, 1.4))
 
 
 def test_a_governor_measuring_noisy_timings_keeps_close_to_exact_costs():

@@ -43,19 +43,45 @@ class Replayed:
 
 @dataclass(frozen=True)
 class Clock:
-    """A round's true cost in plain steps: verify rows cost more with context (attention)."""
+    """A round's true cost in plain steps: verify rows cost more with context (attention).
+    ``extra_rows``: the passes' shape where it is not a line (a measured curve), x(m) for
+    m = 1..n rows (x(1) = 0; past n the line through x(n)): a pass of d + 1 rows costs
+    ``1 + row_steps(L) x(d + 1)``; () for a line, x(m) = m - 1. A governor's exact costs
+    (``costs``) are the line, whatever the shape: its cost model is one."""
 
     per_row: float  # steps per extra verify row at context 0
     per_token: float = 0.0  # steps per extra row per context token
+    extra_rows: tuple[float, ...] = ()
+
+    @classmethod
+    def from_curve(cls, curve: Sequence[float], per_token: float = 0.0) -> Clock:
+        """From plain steps by rows, ``curve[m - 1]`` a pass of m rows (``curve[0]`` 1): the
+        least-squares row cost through it (as a calibration fits it), and its shape in those
+        row costs (never falling)."""
+        if len(curve) < 2 or curve[0] != 1.0:
+            raise ValueError(f"a curve gives plain steps from 1 row on (1.0 first), got {list(curve)}")
+        per_row = sum(m * (steps - 1.0) for m, steps in enumerate(curve)) / sum(m * m for m in range(len(curve)))
+        if per_row <= 0 or len(curve) < 3:
+            return cls(max(0.0, per_row), per_token)
+        shape = np.maximum.accumulate([(steps - 1.0) / per_row for steps in curve])
+        return cls(per_row, per_token, tuple(float(x) for x in shape))
 
     def row_steps(self, context: int) -> float:
         return self.per_row + self.per_token * context
 
+    def extra(self, rows: int) -> float:
+        """x(rows): a pass's extra rows, in row costs."""
+        shape = self.extra_rows
+        if not shape:
+            return rows - 1.0
+        return shape[rows - 1] if rows <= len(shape) else shape[-1] * (rows - 1) / (len(shape) - 1)
+
     def steps(self, drafts: int, context: int) -> float:
-        return 1.0 + self.row_steps(context) * drafts
+        return 1.0 + self.row_steps(context) * self.extra(drafts + 1)
 
     def costs(self, context: int) -> CostModel:
-        """Exact costs at a context, as a governor's cost model (in steps as seconds)."""
+        """Exact costs at a context, as a governor's cost model (in steps as seconds): the
+        line (through the shape, where there is one)."""
         return CostModel.line(1.0, self.row_steps(context))
 
 
