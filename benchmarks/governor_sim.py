@@ -96,13 +96,13 @@ def simulate(
         k = fixed if fixed is not None else governor.next_k().k
         accepted = accepted_prefix(profile, k, rng)
         verify = clock.steps(k, 0) if clock is not None else costs.verify(k + 1)  # a plain step is 1
-        out.steps += max(1.0, costs.draft_seconds(k, after_plain) + verify) if k else 1.0
+        drafting = costs.draft_seconds(k, after_plain)
+        out.steps += max(1.0, drafting + verify) if k else 1.0
         if live is None:
             governor.observe(k, accepted, 0.0, 1.0)
         else:
             factor = live[1].factor()
-            drafting = costs.draft_seconds(k, after_plain) * factor
-            governor.observe(k, accepted, drafting, verify * factor)
+            governor.observe(k, accepted, drafting * factor, verify * factor)
         out.tokens += accepted + 1
         out.drafted += int(k > 0)
     out.probes = governor.probes

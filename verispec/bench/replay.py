@@ -60,9 +60,9 @@ class Clock:
         row costs (never falling)."""
         if len(curve) < 2 or curve[0] != 1.0:
             raise ValueError(f"a curve gives plain steps from 1 row on (1.0 first), got {list(curve)}")
-        per_row = sum(m * (steps - 1.0) for m, steps in enumerate(curve)) / sum(m * m for m in range(len(curve)))
-        if per_row <= 0 or len(curve) < 3:
-            return cls(max(0.0, per_row), per_token)
+        per_row = CostModel.from_timings(dict(enumerate(curve, start=1))).per_row
+        if per_row == 0 or len(curve) < 3:
+            return cls(per_row, per_token)
         shape = np.maximum.accumulate([(steps - 1.0) / per_row for steps in curve])
         return cls(per_row, per_token, tuple(float(x) for x in shape))
 

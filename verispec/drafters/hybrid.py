@@ -51,7 +51,6 @@ DEFAULT_MIN_FREQUENCY = 0.5
 DEFAULT_HEAD_K = 1
 DEFAULT_EXTEND = 0  # suffix tokens a head proposal may go on with (0: none)
 HEAD_SOURCE = "head"
-_UNUSED = np.random.default_rng(0)  # the generator suffix's propose takes and never reads
 
 
 class HybridDrafter:
@@ -146,7 +145,7 @@ class HybridDrafter:
         if self._peek is not None and self._peek[:2] == (len(context), k):
             return self._peek[2]
         # suffix's drafts are deterministic (point masses): it draws nothing from a generator.
-        found = self._strong(self.copier.propose(context, k, _UNUSED))
+        found = self._strong(self.copier.propose(context, k, suffix.NO_DRAWS))
         self._peek = (len(context), k, found)
         return found
 

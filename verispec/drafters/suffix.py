@@ -94,7 +94,7 @@ DEFAULT_MIN_SCORE = 0.3
 DEFAULT_SPEC_FACTOR = 4.0
 DEFAULT_CACHE_TOKENS = 1 << 18  # tokens of earlier requests kept (0: no cross-request cache)
 SEPARATOR = -1  # between documents in a store: no match or walk crosses it
-_NO_DRAWS = np.random.default_rng(0)  # the generator ``propose`` takes: suffix draws nothing
+NO_DRAWS = np.random.default_rng(0)  # a generator for ``propose``, which never reads it: suffix draws nothing
 # A key packs KEY tokens of 20 bits (ids of larger vocabularies may share keys: then the match
 # lengths, measured on the tokens themselves, tell the occurrences apart) and n in 63 bits.
 TOKEN_BITS = 20
@@ -665,7 +665,7 @@ class SuffixDrafter:
             return self._native_draft(self._native_state().propose_after(context, extra, k))
         # The Python walks index their document as it grows: walk a document extended by the
         # draft, then start the context's over (a fallback, O(context) a call).
-        draft = self.propose([*context, *extra], k, _NO_DRAWS)
+        draft = self.propose([*context, *extra], k, NO_DRAWS)
         walk = self._last
         self._sync(context)
         self._last = walk
